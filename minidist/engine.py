@@ -1,0 +1,261 @@
+"""Runs a schedule over the transport: posts receives, sends frames, reduces in place."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import ops, wire
+from .algorithms.schedule import Copy, Recv, Reduce, Schedule, Send
+from .errors import CollectiveMismatchError, DistTimeoutError, PeerLostError
+from .group import Group
+from .ops import ReduceOp
+from .rendezvous.client import RendezvousClient
+from .transport.endpoint import Endpoint
+from .transport.mailbox import Key, Mailbox
+
+log = logging.getLogger("minidist.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """What one collective call looks like on this rank; frames carry it so that ranks
+    that called different things find out from the first frame."""
+
+    kind: wire.Kind
+    group: Group
+    seq: int
+    dtype: int
+    op: int
+    algorithm: int
+    algorithm_name: str
+    root: int  # global rank, -1 if none
+    count: int
+    shape: int
+
+    def describe(self, h: wire.Header | None = None) -> str:
+        if h is None:
+            kind, dtype, op, root, count, algo = (self.kind, self.dtype, self.op, self.root,
+                                                  self.count, self.algorithm)
+        else:
+            kind, dtype, op, root, count, algo = h.kind, h.dtype, h.op, h.root, h.count, \
+                h.algorithm
+        try:
+            dt = str(ops.dtype_from_code(dtype))
+        except ValueError:
+            dt = f"code {dtype}"
+        name = wire.Kind(kind).name.lower()
+        parts = [f"count={count}", f"dtype={dt}"]
+        if kind in (wire.Kind.ALL_REDUCE, wire.Kind.REDUCE, wire.Kind.REDUCE_SCATTER):
+            parts.append(f"op={ReduceOp(op).name}")
+        if root >= 0:
+            parts.append(f"root={root}")
+        parts.append(f"algorithm#{algo}")
+        return f"{name}({', '.join(parts)})"
+
+
+@dataclass(eq=False)
+class _Active:
+    call: Call
+    keys: list[Key] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+class Engine:
+    """Executes collectives for one rank. Runs on the runtime's event loop."""
+
+    def __init__(self, rank: int, endpoint: Endpoint | None, mailbox: Mailbox,
+                 client: RendezvousClient | None) -> None:
+        self.rank = rank
+        self.endpoint = endpoint
+        self.mailbox = mailbox
+        self.client = client
+        self.entered: dict[int, int] = defaultdict(int)
+        self.lost: dict[int, str] = {}
+        self._active: set[_Active] = set()
+        self._aborted: dict[tuple[int, int], str] = {}
+        mailbox.on_mismatch = self._frame_mismatch
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def next_seq(self, group: Group) -> int:
+        """Number the next collective on ``group`` (called in submission order)."""
+        seq = self.entered[group.id]
+        self.entered[group.id] = seq + 1
+        return seq
+
+    def peer_lost(self, rank: int, reason: str) -> None:
+        """The rendezvous says ``rank`` is gone: fail everything that needs it."""
+        if rank < 0:
+            exc = PeerLostError(f"rank {self.rank} lost the rendezvous: {reason}")
+            for a in list(self._active):
+                self._fail(a, exc)
+            return
+        self.lost[rank] = reason
+        exc = PeerLostError(f"rank {rank} was lost: {reason}", ranks=[rank])
+        self.mailbox.peer_dead(rank, exc)
+        for a in list(self._active):
+            if rank in a.call.group:
+                self._fail(a, PeerLostError(
+                    f"{a.call.kind.name.lower()} on {a.call.group!r} failed on rank "
+                    f"{self.rank}: rank {rank} was lost ({reason})", ranks=[rank],
+                    collective=a.call.kind.name.lower(), group=a.call.group))
+
+    def connection_lost(self, rank: int, reason: str) -> None:
+        """A direct connection to ``rank`` broke: receives from it can never complete."""
+        self.mailbox.peer_dead(rank, PeerLostError(
+            f"rank {rank} was lost (connection: {reason})", ranks=[rank]))
+
+    def abort_received(self, body: dict) -> None:
+        key = (body["group"], body["seq"])
+        reason = body["reason"]
+        for a in list(self._active):
+            if (a.call.group.id, a.call.seq) == key:
+                self._fail(a, CollectiveMismatchError(reason))
+                return
+        self._aborted[key] = reason
+
+    def _frame_mismatch(self, group: int, seq: int, err: Exception) -> None:
+        """A frame of a running collective, not yet asked for, does not fit the call."""
+        for a in list(self._active):
+            if (a.call.group.id, a.call.seq) == (group, seq) and a.error is None:
+                self._broadcast_abort(a.call, str(err))
+                self._fail(a, err)
+
+    def _fail(self, a: _Active, exc: BaseException) -> None:
+        if a.error is None:
+            a.error = exc
+        self.mailbox.fail_group(a.call.group.id, a.call.seq, exc)
+
+    # ------------------------------------------------------------------ execution
+
+    async def run(self, call: Call, schedule: Schedule, bufs: dict[str, np.ndarray],
+                  op: ReduceOp, timeout: float) -> None:
+        """Execute ``schedule`` on ``bufs`` (flat arrays by name), with a deadline."""
+        group = call.group
+        lost = [r for r in group.ranks if r in self.lost]
+        if lost:
+            raise PeerLostError(f"{call.kind.name.lower()} on {group!r}: rank(s) {lost} "
+                                f"were lost earlier ({self.lost[lost[0]]})", ranks=lost,
+                                collective=call.kind.name.lower(), group=group)
+        reason = self._aborted.pop((group.id, call.seq), None)
+        if reason is not None:
+            raise CollectiveMismatchError(reason)
+        active = _Active(call)
+        self._active.add(active)
+        waiting: set[int] = set()
+        try:
+            early = self.mailbox.expect(group.id, call.seq, self._checker(call, -1))
+            if early is not None:
+                raise early
+            async with asyncio.timeout(timeout):
+                await self._execute(active, schedule, bufs, op, waiting)
+        except TimeoutError:
+            raise await self._timeout_error(call, timeout, waiting) from None
+        except CollectiveMismatchError as e:
+            if active.error is None:  # found here: tell the others
+                self._broadcast_abort(call, str(e))
+            raise
+        finally:
+            self.mailbox.unexpect(group.id, call.seq)
+            self._active.discard(active)
+            for key in active.keys:
+                self.mailbox.cancel(key)
+            if active.error is not None:
+                self.mailbox.drop_early(group.id, call.seq)
+
+    async def _execute(self, active: _Active, schedule: Schedule, bufs: dict[str, np.ndarray],
+                       op: ReduceOp, waiting: set[int]) -> None:
+        call = active.call
+        ranks = call.group.ranks
+        itemsize = next(iter(bufs.values())).itemsize
+        for step in schedule.steps:
+            if active.error is not None:
+                raise active.error
+            recvs = []
+            sends = []
+            for c in step.comms:
+                src = ranks[c.peer]
+                if isinstance(c, Recv):
+                    key = (src, call.group.id, call.seq, c.tag, False)
+                    view = _bytes(bufs[c.buf][c.lo:c.hi])
+                    active.keys.append(key)
+                    recvs.append((src, self.mailbox.post(
+                        key, view, self._checker(call, (c.hi - c.lo) * itemsize))))
+                else:
+                    sends.append(c)
+            for s in sends:
+                await self._send(call, ranks[s.peer], s, bufs, itemsize)
+            for src, fut in recvs:
+                waiting.add(src)
+                await fut
+                waiting.discard(src)
+            active.keys.clear()
+            for c in step.compute:
+                if isinstance(c, Reduce):
+                    ops.reduce_into(op, bufs[c.dst][c.dst_lo:c.dst_lo + c.n],
+                                    bufs[c.a][c.a_lo:c.a_lo + c.n],
+                                    bufs[c.b][c.b_lo:c.b_lo + c.n])
+                elif isinstance(c, Copy):
+                    np.copyto(bufs[c.dst][c.dst_lo:c.dst_lo + c.n],
+                              bufs[c.src][c.src_lo:c.src_lo + c.n])
+
+    async def _send(self, call: Call, dst: int, s: Send, bufs: dict[str, np.ndarray],
+                    itemsize: int) -> None:
+        payload = bufs[s.buf][s.lo:s.hi]
+        header = wire.encode_header(wire.Header(
+            call.kind, call.dtype, call.op, call.algorithm, call.group.id, call.seq,
+            self.rank, call.root, s.tag, call.shape, call.count, payload.size * itemsize))
+        await self.endpoint.send(dst, header, _bytes(payload) if payload.size else None)
+
+    def _checker(self, call: Call, nbytes: int):
+        """A check of a frame's header against this rank's call (and the payload length
+        the receive expects; -1 for any)."""
+        def check(h: wire.Header) -> Exception | None:
+            if (h.kind == call.kind and h.dtype == call.dtype and h.count == call.count
+                    and h.root == call.root and h.op == call.op and h.shape == call.shape
+                    and h.algorithm == call.algorithm and nbytes in (-1, h.nbytes)):
+                return None
+            return CollectiveMismatchError(
+                f"collective mismatch on {call.group!r} (call #{call.seq}): rank {h.src} "
+                f"called {call.describe(h)} where rank {self.rank} called {call.describe()}")
+        return check
+
+    def _broadcast_abort(self, call: Call, reason: str) -> None:
+        if self.client is None:
+            return
+        try:
+            self.client.notify({"t": "abort", "ranks": list(call.group.ranks),
+                                "group": call.group.id, "seq": call.seq, "reason": reason})
+        except Exception as e:  # the job is already failing; the local error still raises
+            log.debug("could not broadcast abort: %s", e)
+
+    async def _timeout_error(self, call: Call, timeout: float,
+                             waiting: set[int]) -> DistTimeoutError:
+        name = call.kind.name.lower()
+        missing: list[int] = []
+        if self.client is not None:
+            try:
+                reply = await self.client.request(
+                    {"t": "progress", "group": call.group.id, "ranks": list(call.group.ranks)},
+                    timeout=5.0)
+                entered = reply.body.get("entered", {})
+                missing = sorted(r for r in call.group.ranks if r != self.rank and (
+                    str(r) not in entered or entered[str(r)] is None
+                    or entered[str(r)] <= call.seq))
+            except Exception as e:
+                log.debug("progress query failed: %s", e)
+        detail = (f"ranks that never arrived: {missing}" if missing else
+                  f"every rank arrived; still waiting on data from ranks {sorted(waiting)}")
+        return DistTimeoutError(
+            f"{name} on {call.group!r} (call #{call.seq}) timed out after {timeout:g} s on "
+            f"rank {self.rank}; {detail}", collective=name, group=call.group,
+            missing=missing or sorted(waiting))
+
+
+def _bytes(a: np.ndarray) -> memoryview:
+    return memoryview(a).cast("B")

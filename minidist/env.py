@@ -1,0 +1,159 @@
+"""Reads the environment a launcher leaves (minidist run, torchrun, Slurm, Open MPI).
+
+Pure: a function of a mapping, so it is tested without launching anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DEFAULT_PORT = 29500
+DEFAULT_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Where this process stands in the job and how to reach the rendezvous.
+
+    ``port`` is minidist's own rendezvous port (never torchrun's MASTER_PORT itself);
+    ``host_server`` says whether this process must start the rendezvous server.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    port: int
+    secret: bytes
+    host_server: bool
+    launcher: str
+
+
+def _int(env: Mapping[str, str], *names: str, default: int | None = None) -> int | None:
+    for n in names:
+        v = env.get(n)
+        if v not in (None, ""):
+            try:
+                return int(v)
+            except ValueError:
+                raise ValueError(f"environment variable {n}={v!r} is not an integer") from None
+    return default
+
+
+def _derived_secret(*parts: object) -> bytes:
+    return hashlib.sha256("\x00".join(map(str, parts)).encode()).digest()
+
+
+def _secret(env: Mapping[str, str], *fallback: object) -> bytes:
+    s = env.get("MINIDIST_SECRET")
+    if s:
+        return s.encode()
+    return _derived_secret("minidist", *fallback)
+
+
+def slurm_first_host(nodelist: str) -> str:
+    """The first host name of a Slurm node list such as ``node[03-05,7],gpu1``."""
+    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not m:
+        raise ValueError(f"cannot parse SLURM_NODELIST {nodelist!r}")
+    prefix, ranges = m.group(1), m.group(2)
+    if not ranges:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def _slurm_local_size(env: Mapping[str, str]) -> int | None:
+    v = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
+    m = re.match(r"(\d+)", v)
+    return int(m.group(1)) if m else None
+
+
+def detect(env: Mapping[str, str], *, rank: int | None = None, world_size: int | None = None,
+           master_addr: str | None = None, master_port: int | None = None) -> LaunchConfig:
+    """The launch configuration from ``env`` and explicit overrides.
+
+    Order: explicit arguments, then minidist's launcher, torchrun, Slurm, Open MPI; with
+    none of them a world of one. Under torchrun MASTER_PORT is held by torchrun's own
+    store, so minidist listens on MINIDIST_PORT, or MASTER_PORT + 1 when that is unset.
+    """
+    port_env = _int(env, "MINIDIST_PORT")
+    if "MINIDIST_LAUNCHER" in env:
+        launcher = "minidist"
+        r = _int(env, "RANK")
+        ws = _int(env, "WORLD_SIZE")
+        lr = _int(env, "LOCAL_RANK", default=r)
+        lws = _int(env, "LOCAL_WORLD_SIZE", default=ws)
+        addr = env.get("MINIDIST_ADDR", "127.0.0.1")
+        port = port_env or DEFAULT_PORT
+        host = False
+        secret = _secret(env, "minidist-run", addr, port)
+    elif "RANK" in env and "WORLD_SIZE" in env:
+        launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env or "MASTER_PORT" in env else "env"
+        r = _int(env, "RANK")
+        ws = _int(env, "WORLD_SIZE")
+        lr = _int(env, "LOCAL_RANK", default=r)
+        lws = _int(env, "LOCAL_WORLD_SIZE", default=ws)
+        addr = env.get("MASTER_ADDR", "127.0.0.1")
+        mp = _int(env, "MASTER_PORT")
+        port = port_env or (mp + 1 if mp else DEFAULT_PORT + 1)
+        host = r == 0
+        secret = _secret(env, "torchrun", addr, mp, env.get("TORCHELASTIC_RUN_ID", ""))
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        launcher = "slurm"
+        r = _int(env, "SLURM_PROCID")
+        ws = _int(env, "SLURM_NTASKS")
+        lr = _int(env, "SLURM_LOCALID", default=r)
+        lws = _slurm_local_size(env) or ws
+        nnodes = _int(env, "SLURM_NNODES", "SLURM_JOB_NUM_NODES", default=1)
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST") or ""
+        addr = env.get("MASTER_ADDR") or (
+            slurm_first_host(nodelist) if nnodes > 1 and nodelist else "127.0.0.1")
+        job = _int(env, "SLURM_JOB_ID", "SLURM_JOBID", default=0)
+        step = env.get("SLURM_STEP_ID", "")
+        port = port_env or _int(env, "MASTER_PORT") or DEFAULT_PORT + 2 + job % 1000
+        host = r == 0
+        secret = _secret(env, "slurm", job, step, addr)
+    elif "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
+        launcher = "mpirun"
+        r = _int(env, "OMPI_COMM_WORLD_RANK")
+        ws = _int(env, "OMPI_COMM_WORLD_SIZE")
+        lr = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", default=r)
+        lws = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", default=ws)
+        addr = env.get("MASTER_ADDR") or "127.0.0.1"
+        jobid = env.get("OMPI_MCA_ess_base_jobid") or env.get("PMIX_NAMESPACE") or ""
+        port = port_env or _int(env, "MASTER_PORT") or (
+            DEFAULT_PORT + 2 + int(hashlib.sha256(jobid.encode()).hexdigest(), 16) % 1000)
+        host = r == 0
+        secret = _secret(env, "mpirun", jobid, addr)
+    else:
+        launcher = "none"
+        r, ws, lr, lws = 0, 1, 0, 1
+        addr = env.get("MASTER_ADDR", "127.0.0.1")
+        port = port_env or DEFAULT_PORT
+        host = True
+        secret = _secret(env, "single", addr, port)
+
+    if rank is not None or world_size is not None:
+        if world_size is None or rank is None:
+            raise ValueError("init(rank=..., world_size=...) needs both")
+        if launcher == "none":
+            launcher = "explicit"
+            lr, lws = rank, world_size
+            host = rank == 0
+            secret = _secret(env, "explicit", master_addr or addr, master_port or port)
+        r, ws = rank, world_size
+        host = host if launcher == "minidist" else r == 0
+    if master_addr is not None:
+        addr = master_addr
+    if master_port is not None:
+        port = master_port
+    assert r is not None and ws is not None and lr is not None and lws is not None
+    if ws < 1:
+        raise ValueError(f"world size must be at least 1, got {ws}")
+    if not 0 <= r < ws:
+        raise ValueError(f"rank {r} is outside 0..{ws - 1}")
+    return LaunchConfig(r, ws, lr, lws, addr, port, secret, host, launcher)

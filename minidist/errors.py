@@ -1,0 +1,56 @@
+"""The exceptions minidist raises. Every one is a :class:`DistError`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class DistError(RuntimeError):
+    """Base class of every error minidist raises for a distributed failure."""
+
+
+class DistTimeoutError(DistError, TimeoutError):
+    """A collective or wait did not finish before its deadline.
+
+    ``missing`` holds the global ranks that never arrived (empty if unknown).
+    """
+
+    def __init__(self, message: str, *, collective: str = "", group: object = None,
+                 missing: Iterable[int] = ()) -> None:
+        super().__init__(message)
+        self.collective = collective
+        self.group = group
+        self.missing = tuple(sorted(missing))
+
+
+class PeerLostError(DistError, ConnectionError):
+    """A peer process died or closed its connections while this rank needed it.
+
+    ``ranks`` holds the global ranks that were lost.
+    """
+
+    def __init__(self, message: str, *, ranks: Iterable[int] = (), collective: str = "",
+                 group: object = None) -> None:
+        super().__init__(message)
+        self.ranks = tuple(sorted(ranks))
+        self.collective = collective
+        self.group = group
+
+
+class CollectiveMismatchError(DistError, ValueError):
+    """Ranks called different collectives, shapes, dtypes, ops or roots.
+
+    Raised from the frame headers before the caller's arrays are modified.
+    """
+
+
+class ProtocolError(DistError):
+    """Bytes on a socket did not follow the minidist wire format."""
+
+
+class RendezvousError(DistError):
+    """The rendezvous refused this process or could not be reached."""
+
+
+class NotInGroupError(DistError, ValueError):
+    """A rank called a collective on a group it is not a member of."""

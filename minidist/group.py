@@ -1,0 +1,71 @@
+"""Groups: an id and an ordered list of global ranks. Creating one opens no socket."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, eq=False)
+class Group:
+    """A set of ranks that run collectives together.
+
+    ``ranks[i]`` is the global rank of group rank ``i``. ``id`` is the same on every
+    member and distinct from every other group of the job: it follows from the members
+    and the order in which the members created groups with exactly those members.
+    """
+
+    id: int
+    ranks: tuple[int, ...]
+    name: str = ""
+    _index: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._index.update({r: i for i, r in enumerate(self.ranks)})
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def rank_of(self, global_rank: int) -> int:
+        """The group rank of a global rank, or -1 if it is not a member."""
+        return self._index.get(global_rank, -1)
+
+    def global_rank(self, group_rank: int) -> int:
+        if not 0 <= group_rank < len(self.ranks):
+            raise ValueError(f"group rank {group_rank} is outside 0..{len(self.ranks) - 1}")
+        return self.ranks[group_rank]
+
+    def __contains__(self, global_rank: int) -> bool:
+        return global_rank in self._index
+
+    def __repr__(self) -> str:
+        shown = self.ranks if len(self.ranks) <= 8 else (*self.ranks[:4], "...", self.ranks[-1])
+        return f"Group(id={self.id:#x}, size={len(self.ranks)}, ranks={shown})"
+
+
+WORLD_ID = 0
+
+
+def group_id(ranks: tuple[int, ...], ordinal: int) -> int:
+    """The id of the ``ordinal``-th group created with exactly these ranks (never 0)."""
+    h = hashlib.blake2b(struct.pack(f"<q{len(ranks)}q", ordinal, *ranks), digest_size=8)
+    return int.from_bytes(h.digest(), "little") | 1
+
+
+class _NonMember:
+    """What ``new_group`` returns on a rank that is not in the group."""
+
+    def __repr__(self) -> str:
+        return "GroupMember.NON_GROUP_MEMBER"
+
+
+NON_GROUP_MEMBER = _NonMember()
+
+
+class GroupMember:
+    """torch.distributed-style markers: ``WORLD`` (None) and ``NON_GROUP_MEMBER``."""
+
+    WORLD = None
+    NON_GROUP_MEMBER = NON_GROUP_MEMBER

@@ -1,0 +1,86 @@
+"""Reduction operators and the dtypes minidist moves, over numpy only (pure)."""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+
+class ReduceOp(enum.IntEnum):
+    """Reduction operators, named as in torch.distributed."""
+
+    SUM = 0
+    PRODUCT = 1
+    MIN = 2
+    MAX = 3
+    BAND = 4
+    BOR = 5
+    BXOR = 6
+    AVG = 7
+
+
+_UFUNC = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.AVG: np.add,  # summed, then divided once by the group size
+    ReduceOp.PRODUCT: np.multiply,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or,
+    ReduceOp.BXOR: np.bitwise_xor,
+}
+
+# dtype <-> one-byte wire code. Order is part of the wire format: append only.
+DTYPES: tuple[np.dtype, ...] = tuple(
+    np.dtype(t)
+    for t in (
+        "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+        "float16", "float32", "float64", "complex64", "complex128",
+    )
+)
+_CODE = {dt: i for i, dt in enumerate(DTYPES)}
+# A raw 2-byte code for bfloat16 moved as uint16 bits by the torch adapter.
+BFLOAT16_CODE = 200
+
+
+def dtype_code(dtype: np.dtype) -> int:
+    """The wire code of a numpy dtype; raises TypeError for dtypes minidist cannot move."""
+    try:
+        return _CODE[np.dtype(dtype)]
+    except (KeyError, TypeError):
+        raise TypeError(f"minidist cannot move arrays of dtype {dtype!r}") from None
+
+
+def dtype_from_code(code: int) -> np.dtype:
+    """The numpy dtype of a wire code; raises ValueError for an unknown code."""
+    if 0 <= code < len(DTYPES):
+        return DTYPES[code]
+    raise ValueError(f"unknown dtype code {code}")
+
+
+def check_op(op: ReduceOp, dtype: np.dtype) -> None:
+    """Raise TypeError if ``op`` is not defined on ``dtype``."""
+    dtype = np.dtype(dtype)
+    op = ReduceOp(op)
+    if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
+        if dtype.kind not in "biu":
+            raise TypeError(f"{op.name} needs an integer or bool array, not {dtype}")
+    elif op == ReduceOp.AVG:
+        if dtype.kind not in "fc":
+            raise TypeError(f"AVG needs a floating-point array, not {dtype}")
+    elif dtype.kind == "b" and op in (ReduceOp.SUM, ReduceOp.PRODUCT):
+        pass  # numpy defines these as logical or / and
+    elif dtype.kind == "c" and op in (ReduceOp.MIN, ReduceOp.MAX):
+        raise TypeError(f"{op.name} is not defined on complex arrays")
+
+
+def reduce_into(op: ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """Write ``op(a, b)`` elementwise into ``out`` (which may alias ``a`` or ``b``)."""
+    _UFUNC[op](a, b, out=out)
+
+
+def finish(op: ReduceOp, out: np.ndarray, size: int) -> None:
+    """Apply the final step an operator needs after combining ``size`` inputs (AVG divides)."""
+    if op == ReduceOp.AVG and size > 1 and out.size:
+        np.divide(out, size, out=out)

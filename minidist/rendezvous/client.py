@@ -1,0 +1,193 @@
+"""A rank's connection to the rendezvous: register, key/value requests, pushed events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from .. import wire
+from ..errors import DistTimeoutError, PeerLostError, ProtocolError, RendezvousError
+from ..transport import addresses
+from ..transport.sockets import PeerClosed, connect_handshake
+from .control import read_control, write_control
+
+log = logging.getLogger("minidist.rendezvous")
+
+
+def node_identity() -> str:
+    """A string equal for processes of one node (host and network namespace)."""
+    try:
+        ns = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        ns = 0
+    return f"{socket.gethostname()}/{ns}"
+
+
+class RendezvousClient:
+    """One rank's control connection. Pushed events go to the callbacks:
+    ``on_lost(rank, reason)``, ``on_abort(body)``, and ``on_query(group) -> int``."""
+
+    def __init__(self, secret: bytes, on_lost: Callable[[int, str], None],
+                 on_abort: Callable[[dict], None], on_query: Callable[[int], int]) -> None:
+        self.secret = secret
+        self.job = addresses.job_key(secret)
+        self.on_lost = on_lost
+        self.on_abort = on_abort
+        self.on_query = on_query
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._welcome: asyncio.Future | None = None
+        self._task: asyncio.Task | None = None
+        self._closing = False
+        self.server_gone: str | None = None
+
+    async def connect(self, host: str, port: int, timeout: float) -> None:
+        """Connect to the agent of this node (Unix socket) or the server's TCP port,
+        retrying until ``timeout``; RendezvousError if the server refuses us."""
+        loop = asyncio.get_running_loop()
+        last: Exception | None = None
+        delay = 0.01
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    for family, addr in ((socket.AF_UNIX, addresses.agent_address(self.job)),
+                                         (socket.AF_INET, (host, port))):
+                        if family == socket.AF_INET and not port:
+                            continue
+                        sock = socket.socket(family, socket.SOCK_STREAM)
+                        sock.setblocking(False)
+                        try:
+                            await loop.sock_connect(sock, addr)
+                            if family == socket.AF_INET:
+                                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                            await connect_handshake(sock, self.secret, wire.Role.PROCESS, -1,
+                                                    -1, timeout)
+                        except RendezvousError:
+                            sock.close()
+                            raise
+                        except (OSError, PeerClosed, ProtocolError) as e:
+                            sock.close()
+                            last = e
+                            continue
+                        self._reader, self._writer = await asyncio.open_connection(sock=sock)
+                        self._task = loop.create_task(self._read_loop())
+                        return
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 1.5, 0.5)
+        except TimeoutError:
+            raise DistTimeoutError(
+                f"could not reach the minidist rendezvous at {host}:{port} within "
+                f"{timeout:.0f} s ({last}); is rank 0 / the launcher running, and is the "
+                "port (MINIDIST_PORT) right?", collective="init") from None
+
+    async def register(self, rank: int, world_size: int, local_rank: int,
+                       timeout: float) -> dict[str, Any]:
+        """Announce this rank; return the welcome once every rank has arrived."""
+        self._welcome = asyncio.get_running_loop().create_future()
+        self._send({"t": "register", "rank": rank, "world_size": world_size,
+                    "local_rank": local_rank, "node": node_identity(), "pid": os.getpid()})
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._welcome
+        except TimeoutError:
+            raise DistTimeoutError(
+                f"rank {rank}: not every one of the {world_size} ranks joined the "
+                f"rendezvous within {timeout:.0f} s", collective="init") from None
+
+    async def request(self, body: dict[str, Any], blob: bytes = b"",
+                      timeout: float = 300.0) -> wire.Control:
+        """Send a request and wait for its reply (RendezvousError if the server errs)."""
+        rid = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        self._send({**body, "id": rid}, blob)
+        try:
+            async with asyncio.timeout(timeout):
+                reply: wire.Control = await fut
+        except TimeoutError:
+            raise DistTimeoutError(f"rendezvous request {body.get('t')} timed out after "
+                                   f"{timeout:.0f} s") from None
+        finally:
+            self._pending.pop(rid, None)
+        if reply.body.get("timeout"):
+            raise DistTimeoutError(reply.body["error"])
+        if "error" in reply.body:
+            raise RendezvousError(reply.body["error"])
+        return reply
+
+    def notify(self, body: dict[str, Any]) -> None:
+        """Send a message that has no reply."""
+        self._send(body)
+
+    async def close(self, graceful: bool = True) -> None:
+        self._closing = True
+        if self._writer is not None:
+            if graceful:
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    self._send({"t": "bye"})
+                    await asyncio.wait_for(self._writer.drain(), 2.0)
+            self._writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._writer.wait_closed(), 2.0)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    def _send(self, body: dict[str, Any], blob: bytes = b"") -> None:
+        if self._writer is None or self._writer.is_closing():
+            raise PeerLostError(f"the rendezvous is gone: {self.server_gone or 'closed'}")
+        write_control(self._writer, body, blob)
+
+    async def _read_loop(self) -> None:
+        reason = "the rendezvous closed the connection"
+        try:
+            while True:
+                msg = await read_control(self._reader)
+                self._dispatch(msg)
+        except asyncio.CancelledError:
+            raise
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        except ProtocolError as e:
+            reason = f"protocol error from the rendezvous: {e}"
+        self.server_gone = reason
+        err = PeerLostError(f"lost the rendezvous: {reason}")
+        if self._welcome is not None and not self._welcome.done():
+            self._welcome.set_exception(err)
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+        if not self._closing:
+            self.on_lost(-1, reason)
+
+    def _dispatch(self, msg: wire.Control) -> None:
+        b = msg.body
+        t = msg.type
+        if t == "reply":
+            fut = self._pending.get(b.get("id"))
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        elif t == "welcome":
+            if self._welcome is not None and not self._welcome.done():
+                self._welcome.set_result(b)
+        elif t == "error":
+            if self._welcome is not None and not self._welcome.done():
+                self._welcome.set_exception(RendezvousError(b.get("msg", "refused")))
+        elif t == "lost":
+            self.on_lost(b["rank"], b.get("reason", ""))
+        elif t == "abort":
+            self.on_abort(b)
+        elif t == "query":
+            self._send({"t": "query_reply", "qid": b["qid"],
+                        "entered": self.on_query(b["group"])})
+        else:
+            log.warning("unknown message from the rendezvous: %r", t)

@@ -1,0 +1,312 @@
+"""The rendezvous server: one TCP port for the node, plus the agent's Unix socket.
+
+It admits only connections that prove they know the job secret (a fixed-size handshake
+is all it reads from a stranger), assigns and checks ranks, serves the key/value store,
+forwards aborts and progress queries, and tells every rank when another one vanishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import wire
+from ..errors import ProtocolError
+from ..transport import addresses
+from ..transport.sockets import PeerClosed, accept_handshake
+from .control import read_control, write_control
+from .store import KeyValueStore
+
+log = logging.getLogger("minidist.rendezvous")
+
+HANDSHAKE_TIMEOUT = 10.0
+QUERY_TIMEOUT = 3.0
+
+
+@dataclass
+class _Client:
+    writer: asyncio.StreamWriter
+    rank: int = -1
+    node: str = ""
+    pid: int = 0
+    registered: bool = False
+    said_bye: bool = False
+    queries: dict[int, asyncio.Future] = field(default_factory=dict)
+
+    def send(self, body: dict[str, Any], blob: bytes = b"") -> None:
+        if not self.writer.is_closing():
+            write_control(self.writer, body, blob)
+
+
+class RendezvousServer:
+    """Serves one job. ``port`` 0 picks a free port; ``unix`` also listens on the agent's
+    Unix address for processes of this node."""
+
+    def __init__(self, secret: bytes, world_size: int, host: str = "0.0.0.0",
+                 port: int = 0, unix: bool = True) -> None:
+        if world_size < 1:
+            raise ValueError("world_size must be at least 1")
+        self.secret = secret
+        self.job = addresses.job_key(secret)
+        self.world_size = world_size
+        self.host = host
+        self.port = port
+        self.unix = unix
+        self.store = KeyValueStore()
+        self.lost: dict[int, str] = {}
+        self.left: set[int] = set()
+        self._clients: dict[int, _Client] = {}
+        self._listeners: list[socket.socket] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._welcomed = False
+        self._all_registered = asyncio.Event()
+        self._query_ids = itertools.count(1)
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> int:
+        """Bind and listen; return the TCP port. OSError names the port if it is taken."""
+        tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            tcp.bind((self.host, self.port))
+        except OSError as e:
+            tcp.close()
+            raise OSError(e.errno, f"minidist cannot listen on {self.host}:{self.port}: "
+                          f"{e.strerror}; set MINIDIST_PORT to a free port") from e
+        tcp.listen(socket.SOMAXCONN)
+        tcp.setblocking(False)
+        self.port = tcp.getsockname()[1]
+        self._listeners.append(tcp)
+        if self.unix:
+            u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                u.bind(addresses.agent_address(self.job))
+            except OSError as e:
+                u.close()
+                tcp.close()
+                raise OSError(e.errno, f"another minidist agent of this job already runs "
+                              f"on this node: {e.strerror}") from e
+            u.listen(socket.SOMAXCONN)
+            u.setblocking(False)
+            self._listeners.append(u)
+        for s in self._listeners:
+            self._spawn(self._accept_loop(s))
+        return self.port
+
+    async def close(self) -> None:
+        self._closed = True
+        for s in self._listeners:
+            s.close()
+        if self.unix and not addresses.ABSTRACT:
+            with contextlib.suppress(OSError):
+                os.unlink(addresses.agent_address(self.job))
+        for c in list(self._clients.values()):
+            c.writer.close()
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def wait_registered(self) -> None:
+        await self._all_registered.wait()
+
+    async def wait_all_left(self, timeout: float) -> None:
+        """Return once every registered rank has left or been lost, or after ``timeout``."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while self._clients and loop.time() < end:
+            await asyncio.sleep(0.02)
+
+    def declare_lost(self, rank: int, reason: str) -> None:
+        """Tell every rank that ``rank`` is gone (used by a launcher that saw it exit)."""
+        if rank in self.lost or rank in self.left:
+            return
+        self.lost[rank] = reason
+        for c in list(self._clients.values()):
+            if c.rank != rank:
+                c.send({"t": "lost", "rank": rank, "reason": reason})
+
+    # ------------------------------------------------------------------ connections
+
+    def _spawn(self, coro) -> asyncio.Task:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
+
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except OSError:
+                if self._closed:
+                    return
+                await asyncio.sleep(0.05)
+                continue
+            sock.setblocking(False)
+            if sock.family == socket.AF_INET:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._spawn(self._session(sock))
+
+    async def _session(self, sock: socket.socket) -> None:
+        try:
+            await accept_handshake(sock, self.secret, wire.Role.AGENT, wire.Role.PROCESS, -1,
+                                   HANDSHAKE_TIMEOUT)
+        except (OSError, ProtocolError, TimeoutError, PeerClosed) as e:
+            log.info("rendezvous dropped a connection: %s", e)
+            sock.close()
+            return
+        reader, writer = await asyncio.open_connection(sock=sock)
+        client = _Client(writer)
+        try:
+            while True:
+                msg = await read_control(reader)
+                await self._handle(client, msg)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        except ProtocolError as e:
+            log.error("rendezvous: protocol error from rank %d: %s", client.rank, e)
+        finally:
+            writer.close()
+            self._gone(client)
+
+    def _gone(self, client: _Client) -> None:
+        for fut in client.queries.values():
+            if not fut.done():
+                fut.set_result(None)
+        if not client.registered or self._clients.get(client.rank) is not client:
+            return
+        del self._clients[client.rank]
+        if client.said_bye:
+            self.left.add(client.rank)
+        elif not self._closed:
+            self.declare_lost(client.rank, "its process exited or closed its connection")
+
+    # ------------------------------------------------------------------ messages
+
+    async def _handle(self, c: _Client, msg: wire.Control) -> None:
+        b = msg.body
+        t = msg.type
+        if t == "register":
+            self._register(c, b)
+            return
+        if not c.registered:
+            raise ProtocolError(f"message {t!r} before register")
+        rid = b.get("id")
+        if t == "kv_set":
+            await self.store.set(b["key"], msg.blob)
+            c.send({"t": "reply", "id": rid})
+        elif t in ("kv_get", "kv_wait"):
+            self._spawn(self._kv_wait(c, b))
+        elif t == "kv_add":
+            c.send({"t": "reply", "id": rid,
+                    "value": await self.store.add(b["key"], b.get("amount", 1))})
+        elif t == "kv_compare_set":
+            value = await self.store.compare_set(b["key"], b["expected"].encode("latin-1"),
+                                                 msg.blob)
+            c.send({"t": "reply", "id": rid}, value)
+        elif t == "kv_check":
+            c.send({"t": "reply", "id": rid, "ok": self.store.check(b["keys"])})
+        elif t == "kv_delete":
+            c.send({"t": "reply", "id": rid, "ok": self.store.delete(b["key"])})
+        elif t == "kv_num_keys":
+            c.send({"t": "reply", "id": rid, "value": len(self.store)})
+        elif t == "abort":
+            fwd = {"t": "abort", "group": b["group"], "seq": b["seq"], "reason": b["reason"],
+                   "by": c.rank}
+            for r in b["ranks"]:
+                peer = self._clients.get(r)
+                if peer is not None and r != c.rank:
+                    peer.send(fwd)
+        elif t == "progress":
+            self._spawn(self._progress(c, b))
+        elif t == "query_reply":
+            fut = c.queries.pop(b["qid"], None)
+            if fut is not None and not fut.done():
+                fut.set_result(b.get("entered"))
+        elif t == "bye":
+            c.said_bye = True
+        else:
+            raise ProtocolError(f"unknown control message {t!r}")
+
+    def _register(self, c: _Client, b: dict[str, Any]) -> None:
+        def refuse(why: str) -> None:
+            c.send({"t": "error", "msg": why})
+
+        if c.registered:
+            return refuse("already registered")
+        ws = b.get("world_size")
+        if ws != self.world_size:
+            return refuse(f"world size {ws} does not match the job's {self.world_size}")
+        rank = b.get("rank", -1)
+        if rank == -1:
+            taken = set(self._clients) | set(self.lost) | self.left
+            rank = next((r for r in range(self.world_size) if r not in taken), -1)
+            if rank == -1:
+                return refuse("the job already has all its ranks")
+        if not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            return refuse(f"rank {rank} is outside 0..{self.world_size - 1}")
+        if rank in self._clients or rank in self.lost or rank in self.left:
+            return refuse(f"rank {rank} is already taken by another process (pid "
+                          f"{self._clients[rank].pid if rank in self._clients else '?'})")
+        if self._welcomed:
+            return refuse("the job has already started")
+        c.rank, c.node, c.pid, c.registered = rank, str(b.get("node", "")), b.get("pid", 0), True
+        self._clients[rank] = c
+        if len(self._clients) == self.world_size:
+            self._welcome()
+
+    def _welcome(self) -> None:
+        self._welcomed = True
+        node_index: dict[str, int] = {}
+        nodes = []
+        for r in range(self.world_size):
+            nodes.append(node_index.setdefault(self._clients[r].node, len(node_index)))
+        for r, c in self._clients.items():
+            c.send({"t": "welcome", "rank": r, "world_size": self.world_size, "nodes": nodes})
+        self._all_registered.set()
+
+    async def _kv_wait(self, c: _Client, b: dict[str, Any]) -> None:
+        keys = b["keys"] if b["t"] == "kv_wait" else [b["key"]]
+        try:
+            await self.store.wait(keys, b.get("timeout", 300.0))
+        except TimeoutError:
+            missing = [k for k in keys if not self.store.check([k])]
+            c.send({"t": "reply", "id": b["id"], "timeout": True,
+                    "error": f"store keys not set within {b.get('timeout', 300.0):g} s: {missing}"})
+            return
+        blob = await self.store.get(keys[0], 0.0) if b["t"] == "kv_get" else b""
+        c.send({"t": "reply", "id": b["id"]}, blob)
+        with contextlib.suppress(ConnectionError):
+            await c.writer.drain()
+
+    async def _progress(self, c: _Client, b: dict[str, Any]) -> None:
+        """Ask each named rank how many collectives it has entered on a group."""
+        futs: dict[int, asyncio.Future] = {}
+        loop = asyncio.get_running_loop()
+        for r in b["ranks"]:
+            peer = self._clients.get(r)
+            if peer is None:
+                continue
+            qid = next(self._query_ids)
+            fut = loop.create_future()
+            peer.queries[qid] = fut
+            futs[r] = fut
+            peer.send({"t": "query", "qid": qid, "group": b["group"]})
+        if futs:
+            await asyncio.wait(futs.values(), timeout=QUERY_TIMEOUT)
+        entered = {str(r): f.result() for r, f in futs.items() if f.done()}
+        c.send({"t": "reply", "id": b["id"], "entered": entered,
+                "lost": sorted(set(b["ranks"]) & set(self.lost))})
+        with contextlib.suppress(ConnectionError):
+            await c.writer.drain()

@@ -1,0 +1,61 @@
+"""The background event loop that runs every rank's I/O while the caller's thread waits."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop when installed (and not disabled with MINIDIST_UVLOOP=0)."""
+    if os.environ.get("MINIDIST_UVLOOP", "1") != "0":
+        try:
+            import uvloop
+
+            return uvloop.new_event_loop()
+        except ImportError:
+            pass
+    return asyncio.new_event_loop()
+
+
+class Runtime:
+    """An event loop in a daemon thread. Blocking callers sleep in the kernel."""
+
+    def __init__(self) -> None:
+        self.loop = new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="minidist-io", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run a coroutine on the loop; its result or exception arrives in the future."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the loop and wait for it (the coroutine owns its deadline)."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("blocking minidist call from inside its own event loop; "
+                               "use minidist.aio")
+        return self.submit(coro).result()
+
+    def stop(self) -> None:
+        """Stop the loop and join the thread (pending tasks are dropped)."""
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+    @property
+    def in_loop_thread(self) -> bool:
+        return threading.current_thread() is self._thread

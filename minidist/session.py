@@ -1,0 +1,199 @@
+"""A rank's membership in a job, bound to one event loop: join, collectives, leave.
+
+The blocking API (``minidist.api``) drives a Session from a background loop; the
+asyncio API and the tests drive it directly. Preparing a call (validating arguments,
+numbering it, building its schedule) happens in the caller's thread, in call order;
+executing it happens on the loop.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import algorithms, ops, wire
+from .algorithms.schedule import Schedule
+from .engine import Call, Engine
+from .env import LaunchConfig
+from .errors import NotInGroupError
+from .group import NON_GROUP_MEMBER, WORLD_ID, Group, group_id
+from .ops import ReduceOp
+from .rendezvous.client import RendezvousClient
+from .rendezvous.server import RendezvousServer
+from .rendezvous.store import KeyValueStore
+from .transport import addresses
+from .transport.endpoint import Endpoint
+from .transport.mailbox import Mailbox
+
+
+@dataclass(eq=False)
+class Prepared:
+    """A validated call, numbered and scheduled, ready to execute."""
+
+    call: Call | None  # None: nothing to communicate (a group of one)
+    schedule: Schedule | None
+    bufs: dict[str, np.ndarray]
+    op: ReduceOp
+    user: np.ndarray | None = None  # the caller's array when ``bufs`` hold a copy
+    finish: bool = False
+
+
+class Session:
+    """One rank of one job on the current event loop."""
+
+    def __init__(self, cfg: LaunchConfig, timeout: float) -> None:
+        self.cfg = cfg
+        self.rank = cfg.rank
+        self.timeout = timeout
+        self.world = Group(WORLD_ID, tuple(range(cfg.world_size)), "world")
+        self.mailbox = Mailbox()
+        self.engine = Engine(cfg.rank, None, self.mailbox, None)
+        self.endpoint: Endpoint | None = None
+        self.client: RendezvousClient | None = None
+        self.server: RendezvousServer | None = None
+        self.local_store: KeyValueStore | None = None
+        self.nodes: list[int] = [0] * cfg.world_size
+        self._group_counts: dict[tuple[int, ...], int] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Join the job: host the rendezvous if asked, listen, register, get the welcome."""
+        cfg = self.cfg
+        if cfg.world_size == 1:
+            self.local_store = KeyValueStore()
+            return
+        if cfg.host_server:
+            self.server = RendezvousServer(cfg.secret, cfg.world_size, port=cfg.port)
+            await self.server.start()
+        engine = self.engine
+        self.client = RendezvousClient(cfg.secret, engine.peer_lost, engine.abort_received,
+                                       lambda gid: engine.entered.get(gid, 0))
+        engine.client = self.client
+        self.endpoint = Endpoint(addresses.job_key(cfg.secret), cfg.rank, cfg.secret,
+                                 self.mailbox, engine.connection_lost,
+                                 connect_timeout=self.timeout)
+        engine.endpoint = self.endpoint
+        await self.endpoint.start()
+        await self.client.connect(cfg.master_addr, cfg.port, self.timeout)
+        welcome = await self.client.register(cfg.rank, cfg.world_size, cfg.local_rank,
+                                             self.timeout)
+        self.nodes = list(welcome["nodes"])
+
+    async def close(self, graceful: bool = True) -> None:
+        """Leave the job and close every socket. A hosted rendezvous first waits (up to
+        the timeout) for the other ranks to leave."""
+        if self.endpoint is not None:
+            await self.endpoint.close()
+        if self.client is not None:
+            await self.client.close(graceful=graceful)
+        if self.server is not None:
+            if graceful:
+                await self.server.wait_all_left(self.timeout)
+            await self.server.close()
+
+    # ------------------------------------------------------------------ groups
+
+    def new_group(self, ranks: list[int] | None = None) -> Group | object:
+        """See :func:`minidist.new_group`."""
+        ws = self.cfg.world_size
+        given = list(range(ws)) if ranks is None else [r for r in ranks]
+        for r in given:
+            if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 0 <= r < ws:
+                raise ValueError(f"new_group: rank {r!r} is outside 0..{ws - 1}")
+        members = tuple(sorted(int(r) for r in given))
+        if len(set(members)) != len(members):
+            raise ValueError(f"new_group: duplicate ranks in {given}")
+        ordinal = self._group_counts.get(members, 0)
+        self._group_counts[members] = ordinal + 1
+        if self.rank not in members:
+            return NON_GROUP_MEMBER
+        return Group(group_id(members, ordinal), members)
+
+    def group(self, group: Group | object | None, what: str) -> Group:
+        """The group a call runs on; NotInGroupError if this rank is not a member."""
+        if group is None:
+            return self.world
+        if group is NON_GROUP_MEMBER:
+            raise NotInGroupError(f"{what}: rank {self.rank} is not a member of this group")
+        if not isinstance(group, Group):
+            raise TypeError(f"{what}: group must be a minidist group or None, "
+                            f"not {type(group).__name__}")
+        if self.rank not in group:
+            raise NotInGroupError(f"{what}: rank {self.rank} is not in {group!r}")
+        return group
+
+    # ------------------------------------------------------------------ preparing calls
+
+    def prepare_all_reduce(self, array: np.ndarray, op: ReduceOp, group: object,
+                           algorithm: str | None) -> Prepared:
+        g = self.group(group, "all_reduce")
+        user, flat = _flat(array, "all_reduce")
+        op = ReduceOp(op)
+        ops.check_op(op, flat.dtype)
+        return self._prepare(wire.Kind.ALL_REDUCE, g, user, flat, op, -1, algorithm, True)
+
+    def prepare_broadcast(self, array: np.ndarray, src: int, group: object,
+                          algorithm: str | None) -> Prepared:
+        g = self.group(group, "broadcast")
+        if src not in g:
+            raise ValueError(f"broadcast: src {src} is not a member of {g!r}")
+        user, flat = _flat(array, "broadcast")
+        return self._prepare(wire.Kind.BROADCAST, g, user, flat, ReduceOp.SUM, src, algorithm,
+                             False)
+
+    def prepare_barrier(self, group: object) -> Prepared:
+        g = self.group(group, "barrier")
+        flat = np.empty(0, np.uint8)
+        return self._prepare(wire.Kind.BARRIER, g, flat, flat, ReduceOp.SUM, -1, None, False)
+
+    def _prepare(self, kind: wire.Kind, g: Group, user: np.ndarray, flat: np.ndarray,
+                 op: ReduceOp, root: int, algorithm: str | None, finish: bool) -> Prepared:
+        copied = user if not user.flags.c_contiguous else None
+        if g.size == 1:
+            return Prepared(None, None, {"out": flat}, op, copied, finish)
+        collective = kind.name.lower()
+        name = choose_algorithm(collective, g.size, flat.nbytes, algorithm)
+        call = Call(kind, g, self.engine.next_seq(g), ops.dtype_code(flat.dtype), int(op),
+                    algorithms.ALGORITHMS[collective].index(name), name, root, flat.size,
+                    wire.shape_digest(user.shape))
+        sched = algorithms.make_schedule(collective, name, g.rank_of(self.rank), g.size,
+                                         flat.size, g.rank_of(root) if root >= 0 else 0)
+        bufs = {"out": flat, "in": flat, "tmp": np.empty(sched.tmp_size, flat.dtype)}
+        return Prepared(call, sched, bufs, op, copied, finish)
+
+    async def execute(self, p: Prepared) -> None:
+        """Run a prepared call to the end (DistError subclasses on failure)."""
+        out = p.bufs["out"]
+        if p.call is not None:
+            await self.engine.run(p.call, p.schedule, p.bufs, p.op, self.timeout)
+        if p.finish:
+            ops.finish(p.op, out, p.call.group.size if p.call else 1)
+        if p.user is not None:
+            np.copyto(p.user, out.reshape(p.user.shape))
+
+
+def choose_algorithm(collective: str, size: int, nbytes: int, algorithm: str | None) -> str:
+    """The algorithm for a call: the argument, else MINIDIST_ALGO_<COLLECTIVE>, else the
+    size-based default."""
+    name = algorithm or os.environ.get(f"MINIDIST_ALGO_{collective.upper()}") or \
+        algorithms.choose(collective, size, nbytes)
+    if name not in algorithms.ALGORITHMS[collective]:
+        raise ValueError(f"unknown {collective} algorithm {name!r}; choose one of "
+                         f"{algorithms.ALGORITHMS[collective]}")
+    return name
+
+
+def _flat(array: object, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """(the caller's array, a flat C-contiguous array to work on): the same memory when
+    the caller's array is contiguous, a copy otherwise."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"{what} needs a numpy array, not {type(array).__name__}")
+    ops.dtype_code(array.dtype)
+    if not array.flags.writeable:
+        raise ValueError(f"{what} writes into its array, which is read-only")
+    if array.flags.c_contiguous:
+        return array, array.reshape(-1)
+    return array, np.ascontiguousarray(array).reshape(-1)

@@ -1,0 +1,1 @@
+"""asyncio sockets: the per-process Unix-socket endpoint, frame matching, addresses."""

@@ -1,0 +1,145 @@
+"""Matching incoming data frames to the receives a rank has posted.
+
+A frame is identified by its key ``(src, group, seq, tag, p2p)``. If a receive with that
+key is posted, the payload is read straight into the receiver's buffer (zero-copy);
+otherwise it is read into a fresh buffer and kept until the receive is posted. A posted
+receive checks the header first, so a mismatched frame never touches the buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import CollectiveMismatchError
+from ..wire import Header, Kind
+
+Key = tuple[int, int, int, int, bool]
+Check = Callable[[Header], Exception | None]
+
+
+def frame_key(h: Header) -> Key:
+    return (h.src, h.group, h.seq, h.tag, h.kind == Kind.P2P)
+
+
+@dataclass(slots=True)
+class Posted:
+    """A receive waiting for its frame."""
+
+    key: Key
+    view: memoryview  # bytes, where the payload goes
+    check: Check  # returns the error to raise for a header that does not fit, or None
+    future: asyncio.Future = field(repr=False)
+
+
+class Mailbox:
+    """Posted receives and early (unexpected) frames of one process."""
+
+    def __init__(self) -> None:
+        self._posted: dict[Key, Posted] = {}
+        self._early: dict[Key, tuple[Header, bytearray]] = {}
+        self._dead: dict[int, Exception] = {}  # src rank -> why nothing more will come
+        # (group, seq) of running collectives -> a check of any frame's header
+        self._expect: dict[tuple[int, int], Check] = {}
+        self.on_mismatch: Callable[[int, int, Exception], None] = lambda g, s, e: None
+
+    def expect(self, group: int, seq: int, check: Check) -> Exception | None:
+        """Check every frame of collective (group, seq), also those whose receive is not
+        posted yet; return the error of a frame that already arrived and does not fit."""
+        self._expect[(group, seq)] = check
+        for key, (header, _) in self._early.items():
+            if key[1] == group and key[2] == seq and not key[4]:
+                err = check(header)
+                if err is not None:
+                    return err
+        return None
+
+    def unexpect(self, group: int, seq: int) -> None:
+        self._expect.pop((group, seq), None)
+
+    def post(self, key: Key, view: memoryview, check: Check) -> asyncio.Future:
+        """Ask for the frame ``key`` to land in ``view``; the future resolves to its header."""
+        fut = asyncio.get_running_loop().create_future()
+        early = self._early.pop(key, None)
+        if early is not None:
+            header, payload = early
+            self._deliver(Posted(key, view, check, fut), header, payload)
+        elif key[0] in self._dead:
+            fut.set_exception(self._dead[key[0]])
+        else:
+            if key in self._posted:
+                raise RuntimeError(f"a receive for {key} is already posted")
+            self._posted[key] = Posted(key, view, check, fut)
+        return fut
+
+    def cancel(self, key: Key) -> None:
+        """Forget a posted receive (its collective failed or was abandoned)."""
+        p = self._posted.pop(key, None)
+        if p is not None and not p.future.done():
+            p.future.cancel()
+
+    def claim(self, header: Header) -> Posted | None:
+        """The posted receive for an arriving frame, removed from the table, or None.
+
+        If the header does not fit the receive, the receive's future fails and the
+        returned Posted has an empty view: the caller must read and drop the payload.
+        """
+        p = self._posted.pop(frame_key(header), None)
+        if p is None:
+            return None
+        err = p.check(header)
+        if err is None and header.nbytes != p.view.nbytes:
+            err = CollectiveMismatchError(
+                f"frame of {header.nbytes} bytes for a {p.view.nbytes}-byte receive")
+        if err is not None:
+            if not p.future.done():
+                p.future.set_exception(err)
+            return Posted(p.key, memoryview(b""), p.check, p.future)
+        return p
+
+    def deposit(self, header: Header, payload: bytearray) -> None:
+        """Keep a frame that arrived before its receive was posted."""
+        key = frame_key(header)
+        self._early[key] = (header, payload)
+        check = self._expect.get((key[1], key[2])) if not key[4] else None
+        if check is not None:
+            err = check(header)
+            if err is not None:
+                self.on_mismatch(key[1], key[2], err)
+
+    def peer_dead(self, src: int, exc: Exception) -> None:
+        """Fail every receive from ``src``, now and later, with ``exc``."""
+        self._dead[src] = exc
+        for key in [k for k in self._posted if k[0] == src]:
+            p = self._posted.pop(key)
+            if not p.future.done():
+                p.future.set_exception(exc)
+
+    def fail_group(self, group: int, seq: int | None, exc: Exception) -> None:
+        """Fail the receives of one collective (or of every collective) of a group."""
+        for key in [k for k in self._posted
+                    if k[1] == group and (seq is None or k[2] == seq) and not k[4]]:
+            p = self._posted.pop(key)
+            if not p.future.done():
+                p.future.set_exception(exc)
+
+    def drop_early(self, group: int, seq: int) -> None:
+        """Forget frames of a collective that will never be received (it failed)."""
+        for key in [k for k in self._early if k[1] == group and k[2] == seq and not k[4]]:
+            del self._early[key]
+
+    def is_dead(self, src: int) -> Exception | None:
+        return self._dead.get(src)
+
+    @staticmethod
+    def _deliver(p: Posted, header: Header, payload: bytearray) -> None:
+        err = p.check(header)
+        if err is None and len(payload) != p.view.nbytes:
+            err = CollectiveMismatchError(
+                f"frame of {len(payload)} bytes for a {p.view.nbytes}-byte receive")
+        if err is not None:
+            p.future.set_exception(err)
+            return
+        p.view[:] = payload
+        p.future.set_result(header)

@@ -1,0 +1,92 @@
+"""Small asyncio helpers over non-blocking sockets: exact reads, vectored writes, handshakes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+
+from .. import wire
+from ..errors import ProtocolError, RendezvousError
+
+
+class PeerClosed(ConnectionError):
+    """The other end closed the connection."""
+
+
+async def recv_exactly_into(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from ``sock``; PeerClosed if the stream ends first."""
+    loop = asyncio.get_running_loop()
+    while view.nbytes:
+        n = await loop.sock_recv_into(sock, view)
+        if n == 0:
+            raise PeerClosed("connection closed by peer")
+        view = view[n:]
+
+
+async def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    await recv_exactly_into(sock, memoryview(buf))
+    return bytes(buf)
+
+
+async def send_all(sock: socket.socket, parts: list[memoryview | bytes]) -> None:
+    """Send every part in order, in one system call when the kernel takes it all."""
+    parts = [memoryview(p).cast("B") for p in parts if len(p)]
+    total = sum(p.nbytes for p in parts)
+    try:
+        sent = sock.sendmsg(parts)
+    except (BlockingIOError, InterruptedError):
+        sent = 0
+    if sent == total:
+        return
+    loop = asyncio.get_running_loop()
+    for p in parts:
+        if sent >= p.nbytes:
+            sent -= p.nbytes
+            continue
+        await loop.sock_sendall(sock, p[sent:])
+        sent = 0
+
+
+def nonblocking_unix_socket() -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.setblocking(False)
+    return s
+
+
+async def accept_handshake(sock: socket.socket, secret: bytes, my_role: wire.Role,
+                           expect_role: wire.Role, my_rank: int,
+                           timeout: float) -> wire.Hello:
+    """Run the acceptor's side of the handshake; ProtocolError (and nothing else read)
+    if the connector does not prove it knows the secret."""
+    nonce = os.urandom(16)
+    async with asyncio.timeout(timeout):
+        await send_all(sock, [wire.encode_challenge(my_role, nonce)])
+        hello = wire.decode_hello(await recv_exactly(sock, wire.HELLO_SIZE))
+        if not hello.verify(secret, nonce) or hello.role != expect_role:
+            await _try_send(sock, wire.encode_ack(wire.AckStatus.BAD_SECRET))
+            raise ProtocolError("handshake failed: the connector does not know the job secret")
+        if my_rank >= 0 and hello.dst != my_rank:
+            await _try_send(sock, wire.encode_ack(wire.AckStatus.WRONG_DESTINATION))
+            raise ProtocolError(f"handshake for rank {hello.dst} reached rank {my_rank}")
+        await send_all(sock, [wire.encode_ack(wire.AckStatus.OK)])
+    return hello
+
+
+async def connect_handshake(sock: socket.socket, secret: bytes, role: wire.Role, src: int,
+                            dst: int, timeout: float) -> None:
+    """Run the connector's side of the handshake on a connected socket."""
+    async with asyncio.timeout(timeout):
+        _, nonce = wire.decode_challenge(await recv_exactly(sock, wire.CHALLENGE_SIZE))
+        await send_all(sock, [wire.encode_hello(secret, nonce, role, src, dst)])
+        status = wire.decode_ack(await recv_exactly(sock, wire.ACK_SIZE))
+    if status != wire.AckStatus.OK:
+        raise RendezvousError(f"connection to {dst} refused: {status.name}")
+
+
+async def _try_send(sock: socket.socket, data: bytes) -> None:
+    try:
+        await send_all(sock, [data])
+    except OSError:
+        pass

@@ -1,0 +1,286 @@
+"""The minidist wire format: bytes <-> frames. Pure functions, no sockets, no asyncio.
+
+Three kinds of bytes travel on minidist connections:
+
+* the **handshake**, fixed-size so an acceptor reads a bounded number of bytes from a
+  stranger: the acceptor sends a :data:`CHALLENGE_SIZE`-byte challenge with a random
+  nonce, the connector answers with a :data:`HELLO_SIZE`-byte hello carrying an
+  HMAC-SHA256 of the nonce and its identity under the job secret, and the acceptor
+  answers a :data:`ACK_SIZE`-byte ack (status 0 = admitted);
+* **data frames** between processes: a :data:`HEADER_SIZE`-byte header, then the raw
+  array bytes (never pickled);
+* **control messages** to and from the rendezvous/agent: a 12-byte header, a UTF-8
+  JSON body and an optional binary blob.
+
+All integers are little-endian.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ProtocolError
+
+VERSION = 1
+
+# --------------------------------------------------------------------------- handshake
+
+_CHALLENGE = struct.Struct("<4sBB2x16s")  # magic, version, acceptor role, nonce
+_HELLO = struct.Struct("<4sBBxxii32s")  # magic, version, connector role, src, dst, mac
+_ACK = struct.Struct("<4sBBxx")  # magic, version, status
+CHALLENGE_SIZE = _CHALLENGE.size
+HELLO_SIZE = _HELLO.size
+ACK_SIZE = _ACK.size
+_HS_MAGIC = b"MDHS"
+
+
+class Role(enum.IntEnum):
+    """Who is at either end of a connection."""
+
+    AGENT = 1  # the node agent / rendezvous server
+    PEER = 2  # a rank talking to another rank
+    PROCESS = 3  # a rank talking to the agent
+
+
+class AckStatus(enum.IntEnum):
+    OK = 0
+    BAD_SECRET = 1
+    WRONG_DESTINATION = 2
+    VERSION_MISMATCH = 3
+
+
+def encode_challenge(role: Role, nonce: bytes) -> bytes:
+    """The acceptor's first bytes: its role and a 16-byte random nonce."""
+    if len(nonce) != 16:
+        raise ValueError("nonce must be 16 bytes")
+    return _CHALLENGE.pack(_HS_MAGIC, VERSION, role, nonce)
+
+
+def decode_challenge(data: bytes) -> tuple[Role, bytes]:
+    """(acceptor role, nonce) from a challenge; ProtocolError if it is not one."""
+    magic, version, role, nonce = _unpack(_CHALLENGE, data, "challenge")
+    _check(magic == _HS_MAGIC, "bad handshake magic")
+    _check(version == VERSION, f"protocol version {version}, expected {VERSION}")
+    return _role(role), nonce
+
+
+def hello_mac(secret: bytes, nonce: bytes, role: Role, src: int, dst: int) -> bytes:
+    """The proof a connector sends: HMAC-SHA256(secret, nonce || role || src || dst)."""
+    msg = nonce + struct.pack("<Bii", role, src, dst)
+    return hmac.new(secret, msg, hashlib.sha256).digest()
+
+
+def encode_hello(secret: bytes, nonce: bytes, role: Role, src: int, dst: int) -> bytes:
+    """The connector's answer to a challenge: who it is, whom it wants, and the proof."""
+    return _HELLO.pack(_HS_MAGIC, VERSION, role, src, dst,
+                       hello_mac(secret, nonce, role, src, dst))
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    role: Role
+    src: int
+    dst: int
+    mac: bytes
+
+    def verify(self, secret: bytes, nonce: bytes) -> bool:
+        """True if the hello proves knowledge of ``secret`` for this nonce."""
+        good = hello_mac(secret, nonce, self.role, self.src, self.dst)
+        return hmac.compare_digest(good, self.mac)
+
+
+def decode_hello(data: bytes) -> Hello:
+    """Parse a hello; ProtocolError if the bytes are not one (nothing is trusted yet)."""
+    magic, version, role, src, dst, mac = _unpack(_HELLO, data, "hello")
+    _check(magic == _HS_MAGIC, "bad handshake magic")
+    _check(version == VERSION, f"protocol version {version}, expected {VERSION}")
+    return Hello(_role(role), src, dst, mac)
+
+
+def encode_ack(status: AckStatus) -> bytes:
+    return _ACK.pack(_HS_MAGIC, VERSION, status)
+
+
+def decode_ack(data: bytes) -> AckStatus:
+    magic, version, status = _unpack(_ACK, data, "ack")
+    _check(magic == _HS_MAGIC, "bad handshake magic")
+    _check(version == VERSION, f"protocol version {version}, expected {VERSION}")
+    try:
+        return AckStatus(status)
+    except ValueError:
+        raise ProtocolError(f"unknown ack status {status}") from None
+
+
+# --------------------------------------------------------------------------- data frames
+
+
+class Kind(enum.IntEnum):
+    """What a data frame belongs to."""
+
+    BARRIER = 1
+    ALL_REDUCE = 2
+    BROADCAST = 3
+    REDUCE = 4
+    ALL_GATHER = 5
+    REDUCE_SCATTER = 6
+    GATHER = 7
+    SCATTER = 8
+    ALL_TO_ALL = 9
+    P2P = 10
+
+
+KIND_BY_NAME = {k.name.lower(): k for k in Kind}
+
+# magic, version, kind, dtype, op, algorithm, flags,
+# group, seq, src, root, tag, shape digest, count, nbytes, reserved
+_HEADER = struct.Struct("<2sBBBBBBQQiiIIQQQ")
+HEADER_SIZE = _HEADER.size
+_DATA_MAGIC = b"MD"
+assert HEADER_SIZE == 64
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """One data frame's header.
+
+    ``count`` is the element count of the whole call (as the sender sees it), ``nbytes``
+    the length of the payload that follows this header. ``seq`` numbers the collectives
+    of a group (for point-to-point: the messages of one (src, dst, tag) triple).
+    """
+
+    kind: Kind
+    dtype: int
+    op: int
+    algorithm: int
+    group: int
+    seq: int
+    src: int
+    root: int
+    tag: int
+    shape: int
+    count: int
+    nbytes: int
+    flags: int = 0
+
+
+def encode_header(h: Header) -> bytes:
+    """The 64 bytes of a header."""
+    return _HEADER.pack(_DATA_MAGIC, VERSION, h.kind, h.dtype, h.op, h.algorithm, h.flags,
+                        h.group, h.seq, h.src, h.root, h.tag, h.shape, h.count, h.nbytes, 0)
+
+
+def decode_header(data: bytes | bytearray | memoryview) -> Header:
+    """Parse 64 header bytes; ProtocolError for a bad magic, version or kind."""
+    (magic, version, kind, dtype, op, algorithm, flags, group, seq, src, root, tag, shape,
+     count, nbytes, _reserved) = _unpack(_HEADER, data, "frame header")
+    _check(magic == _DATA_MAGIC, f"bad frame magic {bytes(magic)!r}")
+    _check(version == VERSION, f"frame protocol version {version}, expected {VERSION}")
+    try:
+        kind = Kind(kind)
+    except ValueError:
+        raise ProtocolError(f"unknown frame kind {kind}") from None
+    return Header(kind, dtype, op, algorithm, group, seq, src, root, tag, shape, count,
+                  nbytes, flags)
+
+
+def shape_digest(shape: tuple[int, ...]) -> int:
+    """A 32-bit digest of an array shape, so receivers can tell (2, 3) from (3, 2)."""
+    return zlib.crc32(struct.pack(f"<{len(shape)}q", *shape)) if shape else 0
+
+
+# --------------------------------------------------------------------------- control
+
+_CONTROL = struct.Struct("<2sBxII")  # magic, version, json length, blob length
+CONTROL_HEADER_SIZE = _CONTROL.size
+_CONTROL_MAGIC = b"MC"
+MAX_CONTROL_JSON = 4 << 20
+MAX_CONTROL_BLOB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    """A control message: a JSON object (its ``"t"`` names the type) and a binary blob."""
+
+    body: dict[str, Any]
+    blob: bytes = b""
+
+    @property
+    def type(self) -> str:
+        return self.body.get("t", "")
+
+
+def encode_control(body: dict[str, Any], blob: bytes = b"") -> bytes:
+    """Serialize a control message."""
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    if len(raw) > MAX_CONTROL_JSON or len(blob) > MAX_CONTROL_BLOB:
+        raise ValueError("control message too large")
+    return _CONTROL.pack(_CONTROL_MAGIC, VERSION, len(raw), len(blob)) + raw + bytes(blob)
+
+
+def decode_control_header(data: bytes) -> tuple[int, int]:
+    """(json length, blob length) from a control header; ProtocolError if invalid."""
+    magic, version, jlen, blen = _unpack(_CONTROL, data, "control header")
+    _check(magic == _CONTROL_MAGIC, f"bad control magic {bytes(magic)!r}")
+    _check(version == VERSION, f"control protocol version {version}, expected {VERSION}")
+    _check(jlen <= MAX_CONTROL_JSON and blen <= MAX_CONTROL_BLOB, "control message too large")
+    return jlen, blen
+
+
+def decode_control_body(raw: bytes, blob: bytes = b"") -> Control:
+    """Parse the JSON body of a control message; ProtocolError if it is not an object."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProtocolError(f"control body is not JSON: {e}") from None
+    _check(isinstance(body, dict), "control body is not a JSON object")
+    return Control(body, bytes(blob))
+
+
+class ControlDecoder:
+    """Incremental decoder: feed bytes as they arrive, take complete messages out."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Control]:
+        """Add bytes; return every message now complete. ProtocolError on garbage."""
+        self._buf += data
+        out = []
+        while len(self._buf) >= CONTROL_HEADER_SIZE:
+            jlen, blen = decode_control_header(bytes(self._buf[:CONTROL_HEADER_SIZE]))
+            end = CONTROL_HEADER_SIZE + jlen + blen
+            if len(self._buf) < end:
+                break
+            j0 = CONTROL_HEADER_SIZE
+            out.append(decode_control_body(bytes(self._buf[j0:j0 + jlen]),
+                                           bytes(self._buf[j0 + jlen:end])))
+            del self._buf[:end]
+        return out
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _unpack(s: struct.Struct, data: bytes | bytearray | memoryview, what: str) -> tuple:
+    if len(data) != s.size:
+        raise ProtocolError(f"{what}: expected {s.size} bytes, got {len(data)}")
+    return s.unpack(data)
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ProtocolError(message)
+
+
+def _role(value: int) -> Role:
+    try:
+        return Role(value)
+    except ValueError:
+        raise ProtocolError(f"unknown role {value}") from None

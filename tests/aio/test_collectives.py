@@ -1,0 +1,187 @@
+"""Collectives with several ranks in one event loop (real sockets, one process)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import minidist
+from minidist import algorithms
+from minidist.ops import ReduceOp
+from minidist.session import Session
+
+from ..conftest import start_job, stop_job
+
+REF = {ReduceOp.SUM: np.add, ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum,
+       ReduceOp.PRODUCT: np.multiply, ReduceOp.BXOR: np.bitwise_xor}
+
+
+async def all_reduce(sessions, arrays, op=ReduceOp.SUM, algorithm=None, group=None):
+    preps = [s.prepare_all_reduce(a, op, group, algorithm) for s, a in zip(sessions, arrays)]
+    await asyncio.gather(*(s.execute(p) for s, p in zip(sessions, preps)))
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("algorithm", algorithms.ALGORITHMS["all_reduce"])
+@pytest.mark.parametrize("count", [0, 1, 7, 1000])
+async def test_all_reduce_matches_numpy(n, algorithm, count):
+    sessions = await start_job(n)
+    try:
+        rng = np.random.default_rng(count + n)
+        inputs = [rng.integers(-50, 50, count).astype(np.int64) for _ in range(n)]
+        arrays = [a.copy() for a in inputs]
+        await all_reduce(sessions, arrays, ReduceOp.SUM, algorithm)
+        expected = np.sum(inputs, axis=0) if count else np.empty(0, np.int64)
+        for a in arrays:
+            np.testing.assert_array_equal(a, expected)
+        floats = [rng.standard_normal(count).astype(np.float32) for _ in range(n)]
+        await all_reduce(sessions, floats, ReduceOp.SUM, algorithm)
+        assert len({a.tobytes() for a in floats}) == 1  # bit-identical on every rank
+    finally:
+        await stop_job(sessions)
+
+
+async def test_all_reduce_ops_and_shapes(job):
+    rng = np.random.default_rng(1)
+    for op, dtype in [(ReduceOp.MAX, np.float64), (ReduceOp.MIN, np.int32),
+                      (ReduceOp.PRODUCT, np.int64), (ReduceOp.BXOR, np.uint16)]:
+        inputs = [(rng.integers(1, 5, (3, 4)) if op == ReduceOp.PRODUCT
+                   else rng.integers(0, 1000, (3, 4))).astype(dtype) for _ in job]
+        arrays = [a.copy() for a in inputs]
+        await all_reduce(job, arrays, op)
+        want = inputs[0]
+        for x in inputs[1:]:
+            want = REF[op](want, x)
+        for a in arrays:
+            assert a.shape == (3, 4)
+            np.testing.assert_array_equal(a, want)
+
+
+async def test_all_reduce_avg_and_non_contiguous(job):
+    base = [np.arange(20, dtype=np.float64).reshape(4, 5) * (r + 1) for r in range(len(job))]
+    views = [b[:, ::2] for b in base]  # not contiguous
+    expected = np.mean([v.copy() for v in views], axis=0)
+    await all_reduce(job, views, ReduceOp.AVG)
+    for r, (b, v) in enumerate(zip(base, views)):
+        np.testing.assert_allclose(v, expected)
+        # the columns outside the view are untouched
+        np.testing.assert_array_equal(b[:, 1::2], np.arange(20.).reshape(4, 5)[:, 1::2] * (r + 1))
+
+
+@pytest.mark.parametrize("algorithm", algorithms.ALGORITHMS["broadcast"])
+async def test_broadcast_from_every_root(job, algorithm):
+    for root in range(len(job)):
+        arrays = [np.full(1001, r, np.float32) for r in range(len(job))]
+        preps = [s.prepare_broadcast(a, root, None, algorithm) for s, a in zip(job, arrays)]
+        await asyncio.gather(*(s.execute(p) for s, p in zip(job, preps)))
+        for a in arrays:
+            assert (a == root).all()
+
+
+async def test_barrier_waits_for_everyone(job):
+    done = []
+
+    async def enter(s: Session, delay: float):
+        await asyncio.sleep(delay)
+        await s.execute(s.prepare_barrier(None))
+        done.append((s.rank, asyncio.get_running_loop().time()))
+
+    t0 = asyncio.get_running_loop().time()
+    await asyncio.gather(*(enter(s, 0.3 if s.rank == 2 else 0.0) for s in job))
+    assert len(done) == len(job)
+    assert all(t - t0 >= 0.29 for _, t in done)
+
+
+async def test_mismatched_dtype_raises_everywhere_and_leaves_arrays(job):
+    arrays = [np.arange(10, dtype=np.float32 if s.rank != 1 else np.float64) for s in job]
+    before = [a.copy() for a in arrays]
+    preps = [s.prepare_all_reduce(a, ReduceOp.SUM, None, "ring") for s, a in zip(job, arrays)]
+    results = await asyncio.gather(*(s.execute(p) for s, p in zip(job, preps)),
+                                   return_exceptions=True)
+    for r in results:
+        assert isinstance(r, minidist.CollectiveMismatchError), r
+    assert "float64" in str(results[0]) or "float64" in str(results[2])
+    for a, b in zip(arrays, before):
+        np.testing.assert_array_equal(a, b)
+
+
+async def test_mismatched_collective_kind(job):
+    arrays = [np.ones(8, np.float32) for _ in job]
+    preps = []
+    for s, a in zip(job, arrays):
+        preps.append(s.prepare_broadcast(a, 0, None, None) if s.rank == 3
+                     else s.prepare_all_reduce(a, ReduceOp.SUM, None, None))
+    results = await asyncio.gather(*(s.execute(p) for s, p in zip(job, preps)),
+                                   return_exceptions=True)
+    assert all(isinstance(r, minidist.CollectiveMismatchError) for r in results), results
+    for a in arrays[:3]:
+        assert (a == 1).all()
+
+
+async def test_two_groups_concurrently_do_not_mix(job):
+    ga = [s.new_group([0, 1, 2, 3]) for s in job]
+    gb = [s.new_group([1, 3]) for s in job]
+    xa = [np.full(5000, s.rank + 1, np.int64) for s in job]
+    xb = [np.full(5000, 100 * (s.rank + 1), np.int64) for s in job]
+    coros = []
+    for s in job:
+        pa = s.prepare_all_reduce(xa[s.rank], ReduceOp.SUM, ga[s.rank], "ring")
+        coros.append(s.execute(pa))
+        if s.rank in (1, 3):
+            pb = s.prepare_all_reduce(xb[s.rank], ReduceOp.SUM, gb[s.rank], "ring")
+            coros.append(s.execute(pb))
+    await asyncio.gather(*coros)
+    for s in job:
+        assert (xa[s.rank] == 10).all()
+    assert (xb[1] == 600).all() and (xb[3] == 600).all()
+    assert (xb[0] == 100).all()
+
+
+async def test_timeout_names_missing_ranks():
+    sessions = await start_job(3, timeout=1.5)
+    try:
+        arrays = [np.ones(4) for _ in sessions]
+        preps = [s.prepare_all_reduce(a, ReduceOp.SUM, None, None)
+                 for s, a in zip(sessions[:2], arrays)]
+        results = await asyncio.gather(*(s.execute(p) for s, p in zip(sessions, preps)),
+                                       return_exceptions=True)
+        for r in results:
+            assert isinstance(r, minidist.DistTimeoutError), r
+            assert r.missing == (2,)
+            assert "all_reduce" in str(r) and "[2]" in str(r)
+    finally:
+        await stop_job(sessions)
+
+
+async def test_lost_peer_fails_every_waiting_rank():
+    sessions = await start_job(4, timeout=30)
+    try:
+        arrays = [np.ones(100) for _ in sessions]
+        preps = [s.prepare_all_reduce(a, ReduceOp.SUM, None, "ring")
+                 for s, a in zip(sessions[:3], arrays)]
+        tasks = [asyncio.ensure_future(s.execute(p)) for s, p in zip(sessions, preps)]
+        await asyncio.sleep(0.2)
+        await sessions[3].close(graceful=False)  # rank 3 vanishes without a word
+        t0 = asyncio.get_running_loop().time()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert asyncio.get_running_loop().time() - t0 < 5
+        for r in results:
+            assert isinstance(r, minidist.PeerLostError), r
+            assert 3 in r.ranks
+    finally:
+        await stop_job(sessions[:3])
+
+
+async def test_store(job):
+    s0, s1 = job[0], job[1]
+    got = asyncio.ensure_future(s1.client.request({"t": "kv_get", "key": "k", "timeout": 5}))
+    await asyncio.sleep(0.05)
+    assert not got.done()
+    await s0.client.request({"t": "kv_set", "key": "k"}, b"value")
+    assert (await got).blob == b"value"
+    r = await s1.client.request({"t": "kv_add", "key": "n", "amount": 5})
+    assert r.body["value"] == 5
+    with pytest.raises(minidist.DistTimeoutError):
+        await s1.client.request({"t": "kv_get", "key": "never", "timeout": 0.2})
