@@ -28,8 +28,9 @@ __all__ = [
 
 Algorithm = Callable[[int, int, int, int], Schedule]
 
-# Collective -> algorithm name -> schedule function. The first name is listed first
-# in ALGORITHMS; defaults come from choose(), not from the order.
+# Collective -> algorithm name -> schedule function. Defaults come from choose(), not
+# from the order; but the order IS part of the wire format (frames carry an algorithm's
+# index in ALGORITHMS[collective]), so only ever append.
 _REGISTRY: dict[str, dict[str, Algorithm]] = {
     "all_reduce": {
         "ring": allreduce.ring,
@@ -53,7 +54,7 @@ _REGISTRY: dict[str, dict[str, Algorithm]] = {
 }
 
 ALGORITHMS: dict[str, tuple[str, ...]] = {c: tuple(a) for c, a in _REGISTRY.items()}
-"""Collective name -> the names of its algorithms."""
+"""Collective name -> the names of its algorithms (append only: indices go on the wire)."""
 
 COLLECTIVES: tuple[str, ...] = tuple(_REGISTRY)
 ROOTED: frozenset[str] = frozenset({"broadcast", "reduce", "gather", "scatter"})

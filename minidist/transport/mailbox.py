@@ -99,8 +99,13 @@ class Mailbox:
         return p
 
     def deposit(self, header: Header, payload: bytearray) -> None:
-        """Keep a frame that arrived before its receive was posted."""
+        """Keep a frame that arrived before its receive was posted (or hand it over, if
+        the receive was posted while the payload was being read)."""
         key = frame_key(header)
+        posted = self._posted.pop(key, None)
+        if posted is not None:
+            self._deliver(posted, header, payload)
+            return
         self._early[key] = (header, payload)
         check = self._expect.get((key[1], key[2])) if not key[4] else None
         if check is not None:
