@@ -65,6 +65,7 @@ class RendezvousServer:
         self._listeners: list[socket.socket] = []
         self._tasks: set[asyncio.Task] = set()
         self._welcomed = False
+        self._next: list[tuple[_Client, int, dict[str, Any]]] = []
         self._all_registered = asyncio.Event()
         self._query_ids = itertools.count(1)
         self._closed = False
@@ -189,6 +190,7 @@ class RendezvousServer:
         del self._clients[client.rank]
         if client.said_bye:
             self.left.add(client.rank)
+            self._maybe_next_generation()
         elif not self._closed:
             self.declare_lost(client.rank, "its process exited or closed its connection")
 
@@ -256,11 +258,20 @@ class RendezvousServer:
                 return refuse("the job already has all its ranks")
         if not isinstance(rank, int) or not 0 <= rank < self.world_size:
             return refuse(f"rank {rank} is outside 0..{self.world_size - 1}")
+        if self._welcomed and rank in self.left and not self.lost:
+            # a rank that destroyed its group and calls init again: it joins the next
+            # generation of the job, formed once every rank of this one has left
+            self._next.append((c, rank, b))
+            self._maybe_next_generation()
+            return
         if rank in self._clients or rank in self.lost or rank in self.left:
             return refuse(f"rank {rank} is already taken by another process (pid "
                           f"{self._clients[rank].pid if rank in self._clients else '?'})")
         if self._welcomed:
             return refuse("the job has already started")
+        self._admit(c, rank, b)
+
+    def _admit(self, c: _Client, rank: int, b: dict[str, Any]) -> None:
         c.rank, c.node, c.pid, c.registered = rank, str(b.get("node", "")), b.get("pid", 0), True
         self._clients[rank] = c
         if len(self._clients) == self.world_size:
@@ -275,6 +286,17 @@ class RendezvousServer:
         for r, c in self._clients.items():
             c.send({"t": "welcome", "rank": r, "world_size": self.world_size, "nodes": nodes})
         self._all_registered.set()
+
+    def _maybe_next_generation(self) -> None:
+        if not self._next or self._clients:
+            return
+        waiting, self._next = self._next, []
+        self._welcomed = False
+        self._all_registered.clear()
+        self.left.clear()
+        for c, rank, b in waiting:
+            if not c.writer.is_closing():
+                self._admit(c, rank, b)
 
     async def _kv_wait(self, c: _Client, b: dict[str, Any]) -> None:
         keys = b["keys"] if b["t"] == "kv_wait" else [b["key"]]

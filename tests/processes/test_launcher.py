@@ -1,0 +1,111 @@
+"""``minidist run`` end to end, with the footprint read from the operating system."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from .harness import ROOT, SCRIPTS, Job, clean_env, tcp_sockets, unix_sockets
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_eight_ranks_random_collectives_one_port_no_tcp_between_ranks(tmp_path):
+    gate = tmp_path / "gate"
+    env = clean_env(MINIDIST_TEST_GATE=str(gate))
+    with Job(8, ROOT / "examples" / "check_collectives.py", "40", env=env) as job:
+        job.read_until(lambda ls: sum(line.endswith("READY") for line in ls) == 8, 90)
+        procs = job.tree()
+        ranks = [p for p in procs if p.pid != job.proc.pid]
+        assert len(ranks) == 8
+        listening, established = tcp_sockets(procs)
+        assert len(listening) == 1, listening  # the node's one port
+        assert listening[0][0] == job.proc.pid
+        assert established == [], established  # nothing between ranks goes over TCP
+        for p in ranks:  # a ring/tree peer set, the agent, and the listener
+            assert unix_sockets(p) <= 2 + 2 * 8, unix_sockets(p)
+        gate.touch()
+        assert job.wait(60) == 0, job.err
+    assert "all match numpy" in job.out
+    assert all(not psutil.pid_exists(p.pid) or p.status() == psutil.STATUS_ZOMBIE
+               for p in ranks)
+
+
+def test_a_dying_rank_makes_every_other_rank_raise_peer_lost():
+    with Job(4, SCRIPTS / "die.py") as job:
+        t0 = time.monotonic()
+        rc = job.wait(60)
+        elapsed = time.monotonic() - t0
+    assert rc != 0
+    lost = [line for line in job.out.splitlines() if "LOST" in line]
+    assert len(lost) == 3, job.out + job.err
+    for line in lost:
+        assert "ranks=[1]" in line, line
+        assert float(line.split("after=")[1].split()[0]) < 10
+    assert elapsed < 30
+    assert "rank 1 exited with code 1" in job.err
+
+
+def test_ctrl_c_stops_every_process():
+    with Job(3, SCRIPTS / "hang.py") as job:
+        lines = job.read_until(lambda ls: sum("PID" in line for line in ls) == 3, 60)
+        pids = [int(line.split("PID ")[1]) for line in lines if "PID" in line]
+        job.proc.send_signal(signal.SIGINT)
+        rc = job.wait(30)
+    assert rc == 128 + signal.SIGINT
+    time.sleep(0.2)
+    assert not [p for p in pids if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_stranger_bytes_on_the_port_do_not_disturb_the_job(tmp_path):
+    gate = tmp_path / "gate"
+    env = clean_env(MINIDIST_TEST_GATE=str(gate))
+    with Job(3, ROOT / "examples" / "check_collectives.py", "5", env=env) as job:
+        job.read_until(lambda ls: sum(line.endswith("READY") for line in ls) == 3, 60)
+        (port,) = [c[1].port for c in tcp_sockets(job.tree())[0]]
+        for junk in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"\x00" * 100, b"MDHS" * 50):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(junk)
+                s.settimeout(15)
+                with contextlib.suppress(ConnectionResetError):
+                    while s.recv(4096):
+                        pass  # the server drops us after reading the fixed-size hello
+        gate.touch()
+        assert job.wait(60) == 0, job.err
+
+
+def test_world_of_one_without_launcher():
+    r = subprocess.run([sys.executable, str(SCRIPTS / "alone.py")], env=clean_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "ALONE OK" in r.stdout
+
+
+def test_destroy_then_init_again():
+    with Job(3, SCRIPTS / "reinit.py") as job:
+        rc = job.wait(60)
+    assert rc == 0, job.out + job.err
+    assert job.out.count("REINIT OK") == 3
+
+
+def test_output_is_prefixed_and_exit_code_is_the_failing_ranks(tmp_path):
+    code = ("import os, minidist; minidist.init(); print('hello'); "
+            "os._exit(7 if minidist.get_rank() == 2 else 0)")
+    r = subprocess.run([sys.executable, "-m", "minidist", "run", "-n", "3", "-c-unused"],
+                       capture_output=True, text=True, env=clean_env(), timeout=60)
+    assert r.returncode != 0  # a missing script is an error, not a hang
+    script = tmp_path / "exit7.py"
+    script.write_text(code)
+    r = subprocess.run([sys.executable, "-m", "minidist", "run", "-n", "3", str(script)],
+                       capture_output=True, text=True, env=clean_env(), timeout=60)
+    assert r.returncode == 7, r.stderr
+    assert sorted(line for line in r.stdout.splitlines()) == [
+        "[rank0]: hello", "[rank1]: hello", "[rank2]: hello"]
