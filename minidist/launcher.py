@@ -79,7 +79,7 @@ class Launcher:
         if o.node_rank == 0:
             host = "127.0.0.1" if o.nnodes == 1 else "0.0.0.0"
             server = RendezvousServer(self.secret.encode(), self.world_size, host=host,
-                                      port=o.master_port)
+                                      port=o.master_port, generations=True)
             self.port = await server.start()
         else:
             self.port = o.master_port

@@ -8,6 +8,7 @@ executing it happens on the loop.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ from . import algorithms, ops, wire
 from .algorithms.schedule import Schedule
 from .engine import Call, Engine
 from .env import LaunchConfig
-from .errors import NotInGroupError
+from .errors import NotInGroupError, RendezvousError
 from .group import NON_GROUP_MEMBER, WORLD_ID, Group, group_id
 from .ops import ReduceOp
 from .rendezvous.client import RendezvousClient
@@ -77,9 +78,20 @@ class Session:
                                  connect_timeout=self.timeout)
         engine.endpoint = self.endpoint
         await self.endpoint.start()
-        await self.client.connect(cfg.master_addr, cfg.port, self.timeout)
-        welcome = await self.client.register(cfg.rank, cfg.world_size, cfg.local_rank,
-                                             self.timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while True:
+            await self.client.connect(cfg.master_addr, cfg.port, deadline - loop.time())
+            try:
+                welcome = await self.client.register(cfg.rank, cfg.world_size,
+                                                     cfg.local_rank, deadline - loop.time())
+                break
+            except RendezvousError as e:
+                # reached the rendezvous of a previous init that is shutting down
+                if not getattr(e, "retry", False) or loop.time() > deadline:
+                    raise
+                await self.client.close(graceful=False)
+                await asyncio.sleep(0.05)
         self.nodes = list(welcome["nodes"])
 
     async def close(self, graceful: bool = True) -> None:

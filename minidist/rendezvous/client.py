@@ -53,6 +53,8 @@ class RendezvousClient:
         """Connect to the agent of this node (Unix socket) or the server's TCP port,
         retrying until ``timeout``; RendezvousError if the server refuses us."""
         loop = asyncio.get_running_loop()
+        self._closing = False
+        self.server_gone = None
         last: Exception | None = None
         delay = 0.01
         try:
@@ -181,7 +183,9 @@ class RendezvousClient:
                 self._welcome.set_result(b)
         elif t == "error":
             if self._welcome is not None and not self._welcome.done():
-                self._welcome.set_exception(RendezvousError(b.get("msg", "refused")))
+                err = RendezvousError(b.get("msg", "refused"))
+                err.retry = bool(b.get("retry"))
+                self._welcome.set_exception(err)
         elif t == "lost":
             self.on_lost(b["rank"], b.get("reason", ""))
         elif t == "abort":

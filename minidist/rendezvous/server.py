@@ -46,10 +46,12 @@ class _Client:
 
 class RendezvousServer:
     """Serves one job. ``port`` 0 picks a free port; ``unix`` also listens on the agent's
-    Unix address for processes of this node."""
+    Unix address for processes of this node. With ``generations`` (a launcher that
+    outlives its ranks), ranks that destroyed and init again form a new generation of
+    the job once every rank of the previous one has left."""
 
     def __init__(self, secret: bytes, world_size: int, host: str = "0.0.0.0",
-                 port: int = 0, unix: bool = True) -> None:
+                 port: int = 0, unix: bool = True, generations: bool = False) -> None:
         if world_size < 1:
             raise ValueError("world_size must be at least 1")
         self.secret = secret
@@ -58,6 +60,7 @@ class RendezvousServer:
         self.host = host
         self.port = port
         self.unix = unix
+        self.generations = generations
         self.store = KeyValueStore()
         self.lost: dict[int, str] = {}
         self.left: set[int] = set()
@@ -69,6 +72,7 @@ class RendezvousServer:
         self._all_registered = asyncio.Event()
         self._query_ids = itertools.count(1)
         self._closed = False
+        self._shutting_down = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -121,6 +125,7 @@ class RendezvousServer:
 
     async def wait_all_left(self, timeout: float) -> None:
         """Return once every registered rank has left or been lost, or after ``timeout``."""
+        self._shutting_down = True
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         while self._clients and loop.time() < end:
@@ -247,6 +252,10 @@ class RendezvousServer:
 
         if c.registered:
             return refuse("already registered")
+        if self._shutting_down:
+            c.send({"t": "error", "retry": True,
+                    "msg": "this rendezvous is shutting down; a new one will follow"})
+            return
         ws = b.get("world_size")
         if ws != self.world_size:
             return refuse(f"world size {ws} does not match the job's {self.world_size}")
@@ -258,6 +267,10 @@ class RendezvousServer:
                 return refuse("the job already has all its ranks")
         if not isinstance(rank, int) or not 0 <= rank < self.world_size:
             return refuse(f"rank {rank} is outside 0..{self.world_size - 1}")
+        if self._welcomed and rank in self.left and not self.generations:
+            c.send({"t": "error", "retry": True,
+                    "msg": "this rendezvous belongs to a previous init; a new one will follow"})
+            return
         if self._welcomed and rank in self.left and not self.lost:
             # a rank that destroyed its group and calls init again: it joins the next
             # generation of the job, formed once every rank of this one has left
