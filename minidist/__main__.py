@@ -23,6 +23,10 @@ def _run_parser(sub) -> None:
     p.add_argument("--grace", type=float, default=5.0,
                    help="seconds the other ranks get to report after one fails (default 5)")
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines")
+    p.add_argument("--start-method", choices=("fork", "spawn"),
+                   default=os.environ.get("MINIDIST_START_METHOD", "fork"),
+                   help="fork the ranks from a launcher that has imported numpy and "
+                   "minidist (default), or spawn a fresh interpreter for each")
     p.add_argument("-m", dest="module", action="store_true",
                    help="treat the target as a module name, like python -m")
     p.add_argument("script", help="the Python script (or module with -m) to run")
@@ -37,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.command == "run":
         from .launcher import RunOptions, run
 
-        cmd = [sys.executable, "-u"] + (["-m", a.script] if a.module else [a.script]) + a.args
-        return run(RunOptions(nproc=a.nproc, command=cmd, nnodes=a.nnodes,
+        return run(RunOptions(nproc=a.nproc, target=a.script, args=a.args, module=a.module,
+                              start_method=a.start_method, nnodes=a.nnodes,
                               node_rank=a.node_rank, master_addr=a.master_addr,
                               master_port=a.master_port, grace=a.grace,
                               prefix=not a.no_prefix))

@@ -149,6 +149,62 @@ def new_group(ranks: list[int] | None = None, timeout: float | None = None,
     return _current()[0].new_group(ranks)
 
 
+def new_subgroups(group_size: int | None = None, group: GroupArg = None,
+                  timeout: float | None = None, backend: str | None = None
+                  ) -> tuple[Group | object, list[Group | object]]:
+    """Split the world (or ``group``) into consecutive groups of ``group_size`` ranks
+    (default: the processes per node), like torch. Returns (this rank's subgroup, all
+    subgroups; NON_GROUP_MEMBER for those this rank is not in)."""
+    s, _ = _current()
+    parent = s.world if group is None else s.group(group, "new_subgroups")
+    if group_size is None:
+        group_size = s.cfg.local_world_size
+    if not isinstance(group_size, int) or group_size <= 0:
+        raise ValueError(f"new_subgroups: group_size must be a positive int, not {group_size!r}")
+    if parent.size % group_size:
+        raise ValueError(f"new_subgroups: the group size {parent.size} does not divide "
+                         f"by group_size={group_size}")
+    subgroups, mine = [], NON_GROUP_MEMBER
+    for start in range(0, parent.size, group_size):
+        g = s.new_group(list(parent.ranks[start:start + group_size]))
+        subgroups.append(g)
+        if g is not NON_GROUP_MEMBER:
+            mine = g
+    return mine, subgroups
+
+
+def get_process_group_ranks(group: GroupArg) -> list[int]:
+    """The global ranks of ``group`` in group-rank order."""
+    s, _ = _current()
+    return list(_any_group(s, group).ranks)
+
+
+def get_group_rank(group: GroupArg, global_rank: int) -> int:
+    """The rank within ``group`` of ``global_rank``; ValueError if it is not a member."""
+    s, _ = _current()
+    g = _any_group(s, group)
+    r = g.rank_of(global_rank)
+    if r < 0:
+        raise ValueError(f"global rank {global_rank} is not part of {g!r}")
+    return r
+
+
+def get_global_rank(group: GroupArg, group_rank: int) -> int:
+    """The global rank of rank ``group_rank`` of ``group``; ValueError if out of range."""
+    s, _ = _current()
+    return _any_group(s, group).global_rank(group_rank)
+
+
+def _any_group(s: Session, group: GroupArg) -> Group:
+    if group is None:
+        return s.world
+    if group is NON_GROUP_MEMBER:
+        raise ValueError("this rank is not a member of the group (NON_GROUP_MEMBER)")
+    if not isinstance(group, Group):
+        raise TypeError(f"expected a minidist group or None, not {type(group).__name__}")
+    return group
+
+
 # ---------------------------------------------------------------------- collectives
 
 

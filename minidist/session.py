@@ -167,7 +167,7 @@ class Session:
         if g.size == 1:
             return Prepared(None, None, {"out": flat}, op, copied, finish)
         collective = kind.name.lower()
-        name = choose_algorithm(collective, g.size, flat.nbytes, algorithm)
+        name = choose_algorithm(collective, g.size, flat.nbytes, flat.size, algorithm)
         call = Call(kind, g, self.engine.next_seq(g), ops.dtype_code(flat.dtype), int(op),
                     algorithms.ALGORITHMS[collective].index(name), name, root, flat.size,
                     wire.shape_digest(user.shape))
@@ -187,11 +187,12 @@ class Session:
             np.copyto(p.user, out.reshape(p.user.shape))
 
 
-def choose_algorithm(collective: str, size: int, nbytes: int, algorithm: str | None) -> str:
+def choose_algorithm(collective: str, size: int, nbytes: int, count: int,
+                     algorithm: str | None) -> str:
     """The algorithm for a call: the argument, else MINIDIST_ALGO_<COLLECTIVE>, else the
     size-based default."""
     name = algorithm or os.environ.get(f"MINIDIST_ALGO_{collective.upper()}") or \
-        algorithms.choose(collective, size, nbytes)
+        algorithms.choose(collective, size, nbytes, count=count)
     if name not in algorithms.ALGORITHMS[collective]:
         raise ValueError(f"unknown {collective} algorithm {name!r}; choose one of "
                          f"{algorithms.ALGORITHMS[collective]}")

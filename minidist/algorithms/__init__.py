@@ -22,6 +22,7 @@ __all__ = [
     "ALGORITHMS", "COLLECTIVES", "IN_PLACE", "REDUCING", "ROOTED",
     "ALLREDUCE_RING_MIN_BYTES", "BROADCAST_SCATTER_ALLGATHER_MIN_BYTES",
     "ALLGATHER_RING_MIN_BYTES", "GATHER_SCATTER_LINEAR_MIN_BYTES", "SCHEDULE_CACHE_SIZE",
+    "TREE_MIN_RANKS",
     "Copy", "Recv", "Reduce", "Schedule", "ScheduleError", "Send", "Step",
     "choose", "make_schedule", "stats", "validate",
 ]
@@ -41,7 +42,7 @@ _REGISTRY: dict[str, dict[str, Algorithm]] = {
         "binomial": broadcast.binomial,
         "scatter_allgather": broadcast.scatter_allgather,
     },
-    "barrier": {"dissemination": barrier.dissemination},
+    "barrier": {"dissemination": barrier.dissemination, "tree": barrier.tree},
     "reduce": {"binomial": reduce.binomial},
     "all_gather": {"ring": allgather.ring, "recursive_doubling": allgather.recursive_doubling},
     "reduce_scatter": {"ring": _reduce_scatter.ring},
@@ -96,6 +97,12 @@ ALLGATHER_RING_MIN_BYTES = 64 * 1024
 # forwards blocks through inner ranks (about N/2 * log2(n) bytes moved in all, plus
 # copies); linear moves each block once, in n-1 messages to or from the root.
 GATHER_SCATTER_LINEAR_MIN_BYTES = 512 * 1024
+# Latency-bound calls (barrier, small all_reduce) on large groups: recursive doubling
+# and dissemination send size*log2(size) messages per call, binomial trees 2(size-1).
+# With a core per rank the former finish in half the rounds; with many ranks per core
+# (minidist's target) every message costs CPU the others wait for, and first calls also
+# open a connection per new peer, so above this group size the trees win.
+TREE_MIN_RANKS = 17
 
 SCHEDULE_CACHE_SIZE = 4096
 """How many schedules :func:`make_schedule` keeps (one per rank, size, count, root)."""
@@ -184,8 +191,10 @@ def choose(collective: str, size: int, nbytes: int, *, count: int | None = None)
     few = count is not None and count < size
     if collective == "all_reduce":
         if nbytes < ALLREDUCE_RING_MIN_BYTES or few:
-            return "recursive_doubling"
+            return "tree" if size >= TREE_MIN_RANKS else "recursive_doubling"
         return "ring"
+    if collective == "barrier":
+        return "tree" if size >= TREE_MIN_RANKS else "dissemination"
     if collective == "broadcast":
         if size <= 2 or nbytes < BROADCAST_SCATTER_ALLGATHER_MIN_BYTES or few:
             return "binomial"

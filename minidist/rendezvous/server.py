@@ -44,6 +44,36 @@ class _Client:
             write_control(self.writer, body, blob)
 
 
+def bind_listeners(host: str, port: int, job: str | None) -> list[socket.socket]:
+    """The node's listening sockets: the agent's Unix socket (if ``job`` is given) and
+    the one TCP port. The Unix socket is bound first, so a process that finds the TCP
+    port open on its own node also finds the Unix socket."""
+    out = []
+    if job is not None:
+        u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            u.bind(addresses.agent_address(job))
+        except OSError as e:
+            u.close()
+            raise OSError(e.errno, f"another minidist agent of this job already runs on "
+                          f"this node: {e.strerror}") from e
+        u.listen(socket.SOMAXCONN)
+        out.append(u)
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        tcp.bind((host, port))
+    except OSError as e:
+        tcp.close()
+        for s in out:
+            s.close()
+        raise OSError(e.errno, f"minidist cannot listen on {host}:{port}: {e.strerror}; "
+                      "choose another port with MINIDIST_PORT (or --master-port)") from e
+    tcp.listen(socket.SOMAXCONN)
+    out.append(tcp)
+    return out
+
+
 class RendezvousServer:
     """Serves one job. ``port`` 0 picks a free port; ``unix`` also listens on the agent's
     Unix address for processes of this node. With ``generations`` (a launcher that
@@ -76,32 +106,16 @@ class RendezvousServer:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self) -> int:
-        """Bind and listen; return the TCP port. OSError names the port if it is taken."""
-        tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            tcp.bind((self.host, self.port))
-        except OSError as e:
-            tcp.close()
-            raise OSError(e.errno, f"minidist cannot listen on {self.host}:{self.port}: "
-                          f"{e.strerror}; set MINIDIST_PORT to a free port") from e
-        tcp.listen(socket.SOMAXCONN)
-        tcp.setblocking(False)
-        self.port = tcp.getsockname()[1]
-        self._listeners.append(tcp)
-        if self.unix:
-            u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                u.bind(addresses.agent_address(self.job))
-            except OSError as e:
-                u.close()
-                tcp.close()
-                raise OSError(e.errno, f"another minidist agent of this job already runs "
-                              f"on this node: {e.strerror}") from e
-            u.listen(socket.SOMAXCONN)
-            u.setblocking(False)
-            self._listeners.append(u)
+    async def start(self, listeners: list[socket.socket] | None = None) -> int:
+        """Listen (on ``listeners`` from :func:`bind_listeners` if given); return the TCP
+        port. OSError that names the port if it is taken."""
+        if listeners is None:
+            listeners = bind_listeners(self.host, self.port, self.job if self.unix else None)
+        for s in listeners:
+            s.setblocking(False)
+            if s.family != socket.AF_UNIX:
+                self.port = s.getsockname()[1]
+        self._listeners = list(listeners)
         for s in self._listeners:
             self._spawn(self._accept_loop(s))
         return self.port

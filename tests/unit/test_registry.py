@@ -15,6 +15,7 @@ from minidist.algorithms import (
     ALLGATHER_RING_MIN_BYTES,
     ALLREDUCE_RING_MIN_BYTES,
     BROADCAST_SCATTER_ALLGATHER_MIN_BYTES,
+    TREE_MIN_RANKS,
     choose,
     make_schedule,
     stats,
@@ -29,7 +30,7 @@ def test_collective_names() -> None:
     assert set(ALGORITHMS) == set(COLLECTIVES)
     assert set(ALGORITHMS["all_reduce"]) == {"ring", "recursive_doubling", "tree"}
     assert set(ALGORITHMS["broadcast"]) == {"binomial", "scatter_allgather"}
-    assert ALGORITHMS["barrier"] == ("dissemination",)
+    assert ALGORITHMS["barrier"] == ("dissemination", "tree")
     assert all(isinstance(v, tuple) and v for v in ALGORITHMS.values())
 
 
@@ -78,6 +79,11 @@ def test_choose_defaults() -> None:
     assert choose("all_reduce", 8, small) == "recursive_doubling"
     assert choose("all_reduce", 8, big) == "ring"
     assert choose("all_reduce", 8, 10 * big, count=7) == "recursive_doubling"  # count < size
+    # many ranks: trees send 2(n-1) messages instead of n log n
+    assert choose("all_reduce", TREE_MIN_RANKS, small) == "tree"
+    assert choose("all_reduce", TREE_MIN_RANKS - 1, small) == "recursive_doubling"
+    assert choose("barrier", TREE_MIN_RANKS, 0) == "tree"
+    assert choose("barrier", TREE_MIN_RANKS - 1, 0) == "dissemination"
     assert choose("broadcast", 8, BROADCAST_SCATTER_ALLGATHER_MIN_BYTES - 1) == "binomial"
     assert choose("broadcast", 8, BROADCAST_SCATTER_ALLGATHER_MIN_BYTES) == "scatter_allgather"
     assert choose("broadcast", 2, 1 << 30) == "binomial"
