@@ -20,6 +20,9 @@ from .transport.mailbox import Key, Mailbox
 
 log = logging.getLogger("minidist.engine")
 
+# seconds a broken connection waits for the rendezvous to say which rank died first
+ROOT_CAUSE_GRACE = 0.25
+
 
 @dataclass(frozen=True, slots=True)
 class Call:
@@ -97,6 +100,7 @@ class Engine:
             return
         self.lost[rank] = reason
         exc = PeerLostError(f"rank {rank} was lost: {reason}", ranks=[rank])
+        # a lost rank's own error also names it; receives from it can never complete
         self.mailbox.peer_dead(rank, exc)
         for a in list(self._active):
             if rank in a.call.group:
@@ -106,9 +110,23 @@ class Engine:
                     collective=a.call.kind.name.lower(), group=a.call.group))
 
     def connection_lost(self, rank: int, reason: str) -> None:
-        """A direct connection to ``rank`` broke: receives from it can never complete."""
-        self.mailbox.peer_dead(rank, PeerLostError(
-            f"rank {rank} was lost (connection: {reason})", ranks=[rank]))
+        """A direct connection to ``rank`` broke: receives from it can never complete.
+
+        The error waits a moment for the rendezvous' news, so that it can name the rank
+        that was lost first (the root cause) when ``rank`` only left because of it.
+        """
+        asyncio.get_running_loop().call_later(ROOT_CAUSE_GRACE, self._connection_gone, rank,
+                                              reason)
+
+    def _connection_gone(self, rank: int, reason: str) -> None:
+        if rank in self.lost:
+            return  # already failed with the rendezvous' reason
+        earlier = {r: why for r, why in self.lost.items() if r != rank}
+        msg = f"rank {rank} was lost (connection: {reason})"
+        if earlier:
+            msg += "; before it, " + "; ".join(f"rank {r} was lost ({why})"
+                                               for r, why in sorted(earlier.items()))
+        self.mailbox.peer_dead(rank, PeerLostError(msg, ranks=[rank, *earlier]))
 
     def abort_received(self, body: dict) -> None:
         key = (body["group"], body["seq"])
