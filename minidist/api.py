@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import pickle
 import sys
 import threading
 from collections.abc import Coroutine
@@ -240,6 +241,176 @@ def barrier(group: GroupArg = None, async_op: bool = False) -> Work | None:
     """Return once every rank of the group has entered the barrier."""
     s, _ = _current()
     return _run(s.prepare_barrier(group), async_op)
+
+
+def reduce(array: np.ndarray, dst: int = 0, op: ReduceOp = ReduceOp.SUM,
+           group: GroupArg = None, async_op: bool = False,
+           algorithm: str | None = None) -> Work | None:
+    """Reduce ``array`` across the group into ``array`` on global rank ``dst`` (in place);
+    the other ranks' arrays are left as they were."""
+    s, _ = _current()
+    return _run(s.prepare_reduce(array, dst, op, group, algorithm), async_op)
+
+
+def all_gather(output: np.ndarray, input: np.ndarray, group: GroupArg = None,
+               async_op: bool = False, algorithm: str | None = None) -> Work | None:
+    """Concatenate every rank's ``input`` into ``output``, in group-rank order
+    (``output.size == input.size * group size``; like torch's all_gather_into_tensor)."""
+    s, _ = _current()
+    return _run(s.prepare_all_gather(output, input, group, algorithm), async_op)
+
+
+def reduce_scatter(output: np.ndarray, input: np.ndarray, op: ReduceOp = ReduceOp.SUM,
+                   group: GroupArg = None, async_op: bool = False,
+                   algorithm: str | None = None) -> Work | None:
+    """Reduce ``input`` (group size x ``output.size`` elements) across the group and
+    give group rank ``i`` block ``i`` of the result in ``output``."""
+    s, _ = _current()
+    return _run(s.prepare_reduce_scatter(output, input, op, group, algorithm), async_op)
+
+
+def gather(input: np.ndarray, output: np.ndarray | None = None, dst: int = 0,
+           group: GroupArg = None, async_op: bool = False,
+           algorithm: str | None = None) -> Work | None:
+    """Concatenate every rank's ``input`` into ``output`` on global rank ``dst`` only."""
+    s, _ = _current()
+    return _run(s.prepare_gather(input, output, dst, group, algorithm), async_op)
+
+
+def scatter(output: np.ndarray, input: np.ndarray | None = None, src: int = 0,
+            group: GroupArg = None, async_op: bool = False,
+            algorithm: str | None = None) -> Work | None:
+    """Give group rank ``i`` block ``i`` of ``input`` (on global rank ``src``) in ``output``."""
+    s, _ = _current()
+    return _run(s.prepare_scatter(output, input, src, group, algorithm), async_op)
+
+
+def all_to_all(output: np.ndarray, input: np.ndarray, group: GroupArg = None,
+               async_op: bool = False, algorithm: str | None = None) -> Work | None:
+    """Block ``j`` of ``input`` goes to group rank ``j``; block ``i`` of ``output`` comes
+    from group rank ``i`` (equal blocks)."""
+    s, _ = _current()
+    return _run(s.prepare_all_to_all(output, input, group, algorithm), async_op)
+
+
+# ---------------------------------------------------------------------- point-to-point
+
+
+def isend(array: np.ndarray, dst: int, tag: int = 0, group: GroupArg = None) -> Work:
+    """Send ``array`` to global rank ``dst``; the Work completes once it is on its way.
+
+    Messages between two ranks with the same tag arrive in the order they were sent.
+    """
+    s, r = _current()
+    return Work(r.submit(s.send(s.prepare_send(array, dst, tag, group))))
+
+
+def send(array: np.ndarray, dst: int, tag: int = 0, group: GroupArg = None) -> None:
+    """Blocking :func:`isend`."""
+    isend(array, dst, tag, group).wait()
+
+
+def irecv(array: np.ndarray, src: int, tag: int = 0, group: GroupArg = None) -> Work:
+    """Receive the next message from global rank ``src`` with ``tag`` into ``array``.
+
+    CollectiveMismatchError if its shape or dtype differs (``array`` is then left as it
+    was); DistTimeoutError if nothing comes before the timeout.
+    """
+    s, r = _current()
+    return Work(r.submit(s.recv(s.prepare_recv(array, src, tag, group))), result=src)
+
+
+def recv(array: np.ndarray, src: int, tag: int = 0, group: GroupArg = None) -> int:
+    """Blocking :func:`irecv`; returns ``src``."""
+    irecv(array, src, tag, group).wait()
+    return src
+
+
+def send_object(obj: Any, dst: int, tag: int = 0, group: GroupArg = None) -> None:
+    """Send any picklable object to global rank ``dst`` (like mpi4py's ``send``)."""
+    s, r = _current()
+    p = s.prepare_send(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dst, tag, group,
+                       is_object=True)
+    Work(r.submit(s.send(p))).wait()
+
+
+def recv_object(src: int, tag: int = 0, group: GroupArg = None) -> Any:
+    """Receive the next object sent by global rank ``src`` with ``tag``."""
+    s, r = _current()
+    return pickle.loads(r.call(s.recv(s.prepare_recv(None, src, tag, group))))
+
+
+# ---------------------------------------------------------------------- objects
+
+
+def _pickle(obj: Any) -> np.ndarray:
+    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+
+
+def broadcast_object(obj: Any, src: int = 0, group: GroupArg = None) -> Any:
+    """``obj`` of global rank ``src``, on every rank of the group (pickled)."""
+    me = get_rank()
+    data = _pickle(obj) if me == src else None
+    size = np.array([0 if data is None else data.size], np.int64)
+    broadcast(size, src, group)
+    buf = data.copy() if data is not None else np.empty(int(size[0]), np.uint8)
+    broadcast(buf, src, group)
+    return obj if me == src else pickle.loads(buf.tobytes())
+
+
+def all_gather_object(obj: Any, group: GroupArg = None) -> list[Any]:
+    """Every rank's ``obj``, in group-rank order, on every rank (pickled)."""
+    n = get_world_size(group)
+    data = _pickle(obj)
+    sizes = np.empty(n, np.int64)
+    all_gather(sizes, np.array([data.size], np.int64), group)
+    width = int(sizes.max())
+    padded = np.zeros(width, np.uint8)
+    padded[:data.size] = data
+    out = np.empty(width * n, np.uint8)
+    all_gather(out, padded, group)
+    return [pickle.loads(out[i * width:i * width + int(sizes[i])].tobytes()) for i in range(n)]
+
+
+def gather_object(obj: Any, dst: int = 0, group: GroupArg = None) -> list[Any] | None:
+    """Every rank's ``obj`` in group-rank order on global rank ``dst``; None elsewhere."""
+    n = get_world_size(group)
+    data = _pickle(obj)
+    sizes = np.empty(n, np.int64)
+    all_gather(sizes, np.array([data.size], np.int64), group)
+    width = int(sizes.max())
+    padded = np.zeros(width, np.uint8)
+    padded[:data.size] = data
+    mine = get_rank() == dst
+    out = np.empty(width * n, np.uint8) if mine else None
+    gather(padded, out, dst, group)
+    if not mine:
+        return None
+    return [pickle.loads(out[i * width:i * width + int(sizes[i])].tobytes()) for i in range(n)]
+
+
+def scatter_object(objs: list[Any] | None, src: int = 0, group: GroupArg = None) -> Any:
+    """Object ``i`` of ``objs`` (given on global rank ``src``) on group rank ``i``."""
+    n = get_world_size(group)
+    mine = get_rank() == src
+    if mine:
+        if objs is None or len(objs) != n:
+            raise ValueError(f"scatter_object: src must pass a list of {n} objects")
+        datas = [_pickle(o) for o in objs]
+        sizes = np.array([d.size for d in datas], np.int64)
+    else:
+        sizes = np.empty(n, np.int64)
+    broadcast(sizes, src, group)
+    width = int(sizes.max())
+    padded = None
+    if mine:
+        padded = np.zeros(width * n, np.uint8)
+        for i, d in enumerate(datas):
+            padded[i * width:i * width + d.size] = d
+    out = np.empty(width, np.uint8)
+    scatter(out, padded, src, group)
+    size = int(sizes[get_rank(group)])
+    return pickle.loads(out[:size].tobytes())
 
 
 # ---------------------------------------------------------------------- store

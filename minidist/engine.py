@@ -20,6 +20,9 @@ from .transport.mailbox import Key, Mailbox
 
 log = logging.getLogger("minidist.engine")
 
+FLAG_OBJECT = 1  # a point-to-point frame that carries a pickled object
+OBJECT_DTYPE = 255
+
 # seconds a broken connection waits for the rendezvous to say which rank died first
 ROOT_CAUSE_GRACE = 0.25
 
@@ -81,6 +84,7 @@ class Engine:
         self.lost: dict[int, str] = {}
         self._active: set[_Active] = set()
         self._aborted: dict[tuple[int, int], str] = {}
+        self._p2p_seq: dict[tuple[int, int, int, bool], int] = {}
         mailbox.on_mismatch = self._frame_mismatch
 
     # ------------------------------------------------------------------ bookkeeping
@@ -90,6 +94,80 @@ class Engine:
         seq = self.entered[group.id]
         self.entered[group.id] = seq + 1
         return seq
+
+    def next_p2p_seq(self, group: Group, peer: int, tag: int, sending: bool) -> int:
+        """Number the next message to (or from) ``peer`` with ``tag`` on ``group``."""
+        key = (group.id, peer, tag, sending)
+        seq = self._p2p_seq.get(key, 0)
+        self._p2p_seq[key] = seq + 1
+        return seq
+
+    def _give_back_p2p_seq(self, p) -> None:
+        """An abandoned receive does not consume the next message: if it was the last
+        one numbered on its (peer, tag), its number goes to the next receive."""
+        key = (p.group.id, p.peer, p.tag, False)
+        if self._p2p_seq.get(key) == p.seq + 1:
+            self._p2p_seq[key] = p.seq
+
+    async def send_p2p(self, p, timeout: float) -> None:
+        """Send one point-to-point message (done once the kernel has taken it)."""
+        if p.peer in self.lost:
+            raise PeerLostError(f"send to rank {p.peer}: it was lost earlier "
+                                f"({self.lost[p.peer]})", ranks=[p.peer])
+        nbytes = p.flat.nbytes
+        header = wire.encode_header(wire.Header(
+            wire.Kind.P2P, OBJECT_DTYPE if p.is_object else ops.dtype_code(p.flat.dtype), 0,
+            0, p.group.id, p.seq, self.rank, -1, p.tag, p.shape, p.flat.size, nbytes,
+            FLAG_OBJECT if p.is_object else 0))
+        try:
+            async with asyncio.timeout(timeout):
+                await self.endpoint.send(p.peer, header, _bytes(p.flat) if nbytes else None)
+        except TimeoutError:
+            raise DistTimeoutError(f"send to rank {p.peer} (tag {p.tag}) did not finish "
+                                   f"within {timeout:g} s", collective="send",
+                                   group=p.group, missing=[p.peer]) from None
+
+    async def recv_p2p(self, p, timeout: float) -> bytes | None:
+        """Receive one point-to-point message into ``p.flat`` (or, for an object, return
+        its bytes). CollectiveMismatchError, with the buffer untouched, if the message
+        does not fit."""
+        key = (p.peer, p.group.id, p.seq, p.tag, True)
+        me = self.rank
+
+        def check(h: wire.Header) -> Exception | None:
+            obj = bool(h.flags & FLAG_OBJECT)
+            if obj != p.is_object:
+                return CollectiveMismatchError(
+                    f"recv on rank {me} from rank {h.src} (tag {p.tag}): rank {h.src} sent "
+                    f"{'an object' if obj else 'an array'} but this rank expects "
+                    f"{'an object' if p.is_object else 'an array'}")
+            if obj or (h.dtype == ops.dtype_code(p.flat.dtype) and h.count == p.flat.size
+                       and h.shape == p.shape):
+                return None
+            theirs = Call(wire.Kind.P2P, p.group, p.seq, h.dtype, 0, 0, "", -1, h.count,
+                          h.shape)
+            return CollectiveMismatchError(
+                f"recv on rank {me} from rank {h.src} (tag {p.tag}): the message does not "
+                f"fit the buffer: sent {theirs.describe(h)[4:]}, buffer is "
+                f"count={p.flat.size}, dtype={p.flat.dtype} (shape digest "
+                f"{'differs' if h.shape != p.shape else 'equal'}); the buffer is unchanged")
+
+        view = None if p.flat is None else _bytes(p.flat)
+        fut = self.mailbox.post(key, view, check)
+        try:
+            async with asyncio.timeout(timeout):
+                result = await fut
+        except TimeoutError:
+            self.mailbox.cancel(key)
+            self._give_back_p2p_seq(p)
+            raise DistTimeoutError(f"recv on rank {me} from rank {p.peer} (tag {p.tag}) "
+                                   f"timed out after {timeout:g} s: no matching send",
+                                   collective="recv", group=p.group,
+                                   missing=[p.peer]) from None
+        except BaseException:
+            self.mailbox.cancel(key)
+            raise
+        return result[1] if view is None else None
 
     def peer_lost(self, rank: int, reason: str) -> None:
         """The rendezvous says ``rank`` is gone: fail everything that needs it."""

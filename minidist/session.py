@@ -41,6 +41,23 @@ class Prepared:
     finish: bool = False
 
 
+P2P_TAG_LIMIT = 1 << 31  # tags from 2**31 up are minidist's own
+
+
+@dataclass(eq=False)
+class P2P:
+    """A prepared point-to-point message: to or from ``peer`` (a global rank)."""
+
+    group: Group
+    peer: int
+    tag: int
+    seq: int
+    flat: np.ndarray | None  # None: an object of any size
+    shape: int
+    is_object: bool
+    user: np.ndarray | None = None  # the caller's array when ``flat`` is a copy
+
+
 class Session:
     """One rank of one job on the current event loop."""
 
@@ -161,20 +178,144 @@ class Session:
         flat = np.empty(0, np.uint8)
         return self._prepare(wire.Kind.BARRIER, g, flat, flat, ReduceOp.SUM, -1, None, False)
 
+    def prepare_reduce(self, array: np.ndarray, dst: int, op: ReduceOp, group: object,
+                       algorithm: str | None) -> Prepared:
+        g = self.group(group, "reduce")
+        _member(g, dst, "reduce", "dst")
+        user, flat = _flat(array, "reduce")
+        op = ReduceOp(op)
+        ops.check_op(op, flat.dtype)
+        return self._prepare(wire.Kind.REDUCE, g, user, flat, op, dst, algorithm,
+                             finish=self.rank == dst)
+
+    def prepare_all_gather(self, output: np.ndarray, input: np.ndarray, group: object,
+                           algorithm: str | None) -> Prepared:
+        g = self.group(group, "all_gather")
+        out_user, out = _flat(output, "all_gather (output)")
+        inp = _flat_in(input, "all_gather (input)", out.dtype)
+        _sizes("all_gather", out.size, inp.size * g.size, "output", "input x group size")
+        return self._prepare(wire.Kind.ALL_GATHER, g, out_user, out, ReduceOp.SUM, -1,
+                             algorithm, False, inp=inp, count=inp.size,
+                             shape=np.shape(input))
+
+    def prepare_reduce_scatter(self, output: np.ndarray, input: np.ndarray, op: ReduceOp,
+                               group: object, algorithm: str | None) -> Prepared:
+        g = self.group(group, "reduce_scatter")
+        out_user, out = _flat(output, "reduce_scatter (output)")
+        inp = _flat_in(input, "reduce_scatter (input)", out.dtype)
+        _sizes("reduce_scatter", inp.size, out.size * g.size, "input", "output x group size")
+        op = ReduceOp(op)
+        ops.check_op(op, out.dtype)
+        return self._prepare(wire.Kind.REDUCE_SCATTER, g, out_user, out, op, -1, algorithm,
+                             True, inp=inp, count=out.size)
+
+    def prepare_gather(self, input: np.ndarray, output: np.ndarray | None, dst: int,
+                       group: object, algorithm: str | None) -> Prepared:
+        g = self.group(group, "gather")
+        _member(g, dst, "gather", "dst")
+        inp = _flat_in(input, "gather (input)", None)
+        if self.rank == dst:
+            if output is None:
+                raise ValueError("gather: the dst rank must pass an output array")
+            out_user, out = _flat(output, "gather (output)")
+            _dtypes("gather", out.dtype, inp.dtype)
+            _sizes("gather", out.size, inp.size * g.size, "output", "input x group size")
+        else:
+            out_user = out = np.empty(0, inp.dtype)
+        return self._prepare(wire.Kind.GATHER, g, out_user, out, ReduceOp.SUM, dst,
+                             algorithm, False, inp=inp, count=inp.size,
+                             shape=np.shape(input))
+
+    def prepare_scatter(self, output: np.ndarray, input: np.ndarray | None, src: int,
+                        group: object, algorithm: str | None) -> Prepared:
+        g = self.group(group, "scatter")
+        _member(g, src, "scatter", "src")
+        out_user, out = _flat(output, "scatter (output)")
+        if self.rank == src:
+            if input is None:
+                raise ValueError("scatter: the src rank must pass an input array")
+            inp = _flat_in(input, "scatter (input)", out.dtype)
+            _sizes("scatter", inp.size, out.size * g.size, "input", "output x group size")
+        else:
+            inp = np.empty(0, out.dtype)
+        return self._prepare(wire.Kind.SCATTER, g, out_user, out, ReduceOp.SUM, src,
+                             algorithm, False, inp=inp, count=out.size)
+
+    def prepare_all_to_all(self, output: np.ndarray, input: np.ndarray, group: object,
+                           algorithm: str | None) -> Prepared:
+        g = self.group(group, "all_to_all")
+        out_user, out = _flat(output, "all_to_all (output)")
+        inp = _flat_in(input, "all_to_all (input)", out.dtype)
+        _sizes("all_to_all", out.size, inp.size, "output", "input")
+        if inp.size % g.size:
+            raise ValueError(f"all_to_all: {inp.size} elements do not split into "
+                             f"{g.size} equal blocks")
+        return self._prepare(wire.Kind.ALL_TO_ALL, g, out_user, out, ReduceOp.SUM, -1,
+                             algorithm, False, inp=inp, count=inp.size // g.size,
+                             shape=np.shape(input))
+
     def _prepare(self, kind: wire.Kind, g: Group, user: np.ndarray, flat: np.ndarray,
-                 op: ReduceOp, root: int, algorithm: str | None, finish: bool) -> Prepared:
+                 op: ReduceOp, root: int, algorithm: str | None, finish: bool,
+                 inp: np.ndarray | None = None, count: int | None = None,
+                 shape: tuple[int, ...] | None = None) -> Prepared:
         copied = user if not user.flags.c_contiguous else None
+        count = flat.size if count is None else count
+        bufs = {"out": flat, "in": flat if inp is None else inp}
         if g.size == 1:
-            return Prepared(None, None, {"out": flat}, op, copied, finish)
+            if inp is not None and flat.size:
+                np.copyto(flat, inp)
+            return Prepared(None, None, bufs, op, copied, finish)
         collective = kind.name.lower()
-        name = choose_algorithm(collective, g.size, flat.nbytes, flat.size, algorithm)
+        nbytes = max(flat.nbytes, bufs["in"].nbytes)
+        name = choose_algorithm(collective, g.size, nbytes, count, algorithm)
         call = Call(kind, g, self.engine.next_seq(g), ops.dtype_code(flat.dtype), int(op),
-                    algorithms.ALGORITHMS[collective].index(name), name, root, flat.size,
-                    wire.shape_digest(user.shape))
+                    algorithms.ALGORITHMS[collective].index(name), name, root, count,
+                    wire.shape_digest(user.shape if shape is None else shape))
         sched = algorithms.make_schedule(collective, name, g.rank_of(self.rank), g.size,
-                                         flat.size, g.rank_of(root) if root >= 0 else 0)
-        bufs = {"out": flat, "in": flat, "tmp": np.empty(sched.tmp_size, flat.dtype)}
+                                         count, g.rank_of(root) if root >= 0 else 0)
+        bufs["tmp"] = np.empty(sched.tmp_size, flat.dtype)
         return Prepared(call, sched, bufs, op, copied, finish)
+
+    # ------------------------------------------------------------------ point-to-point
+
+    def prepare_send(self, array: np.ndarray | bytes, dst: int, tag: int, group: object,
+                     is_object: bool = False) -> P2P:
+        g = self.group(group, "send")
+        peer = self._peer(g, dst, "send", "dst")
+        if is_object:
+            flat, shape = np.frombuffer(array, np.uint8), (len(array),)
+        else:
+            flat = _flat_in(array, "send", None)
+            shape = np.shape(array)
+        return P2P(g, peer, _tag(tag), self.engine.next_p2p_seq(g, peer, tag, True), flat,
+                   wire.shape_digest(shape), is_object)
+
+    def prepare_recv(self, array: np.ndarray | None, src: int, tag: int, group: object
+                     ) -> P2P:
+        g = self.group(group, "recv")
+        peer = self._peer(g, src, "recv", "src")
+        seq = self.engine.next_p2p_seq(g, peer, tag, False)
+        if array is None:  # an object: any size
+            return P2P(g, peer, _tag(tag), seq, None, 0, True)
+        user, flat = _flat(array, "recv")
+        return P2P(g, peer, _tag(tag), seq, flat, wire.shape_digest(user.shape), False,
+                   user if not user.flags.c_contiguous else None)
+
+    def _peer(self, g: Group, rank: int, what: str, name: str) -> int:
+        _member(g, rank, what, name)
+        if rank == self.rank:
+            raise ValueError(f"{what}: {name}={rank} is this rank itself")
+        return rank
+
+    async def send(self, p: P2P) -> None:
+        await self.engine.send_p2p(p, self.timeout)
+
+    async def recv(self, p: P2P) -> bytes | None:
+        """Receive into the prepared array, or return an object's bytes."""
+        payload = await self.engine.recv_p2p(p, self.timeout)
+        if p.user is not None:
+            np.copyto(p.user, p.flat.reshape(p.user.shape))
+        return payload
 
     async def execute(self, p: Prepared) -> None:
         """Run a prepared call to the end (DistError subclasses on failure)."""
@@ -197,6 +338,40 @@ def choose_algorithm(collective: str, size: int, nbytes: int, count: int,
         raise ValueError(f"unknown {collective} algorithm {name!r}; choose one of "
                          f"{algorithms.ALGORITHMS[collective]}")
     return name
+
+
+def _flat_in(array: object, what: str, dtype: np.dtype | None) -> np.ndarray:
+    """A flat C-contiguous view (or copy) of an array that is only read."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"{what} needs a numpy array, not {type(array).__name__}")
+    ops.dtype_code(array.dtype)
+    if dtype is not None:
+        _dtypes(what, dtype, array.dtype)
+    return np.ascontiguousarray(array).reshape(-1)
+
+
+def _dtypes(what: str, a: np.dtype, b: np.dtype) -> None:
+    if a != b:
+        raise TypeError(f"{what}: the output is {a} but the input is {b}")
+
+
+def _sizes(what: str, got: int, want: int, a: str, b: str) -> None:
+    if got != want:
+        raise ValueError(f"{what}: {a} has {got} elements but {b} is {want}")
+
+
+def _member(g: Group, rank: int, what: str, name: str) -> None:
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
+        raise TypeError(f"{what}: {name} must be a global rank (int), not {rank!r}")
+    if rank not in g:
+        raise ValueError(f"{what}: {name}={rank} is not a member of {g!r}")
+
+
+def _tag(tag: int) -> int:
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not \
+            0 <= tag < P2P_TAG_LIMIT:
+        raise ValueError(f"tag must be an int in 0..{P2P_TAG_LIMIT - 1}, not {tag!r}")
+    return int(tag)
 
 
 def _flat(array: object, what: str) -> tuple[np.ndarray, np.ndarray]:

@@ -214,7 +214,12 @@ class Endpoint:
                     raise ProtocolError(f"frame claims src {h.src} on a connection from "
                                         f"rank {conn.peer}")
                 posted = self.mailbox.claim(h)
-                if posted is None:
+                if posted is not None and posted.view is None:  # any size: read it all
+                    payload = bytearray(h.nbytes)
+                    await recv_exactly_into(conn.sock, memoryview(payload))
+                    if not posted.future.done():
+                        posted.future.set_result((h, bytes(payload)))
+                elif posted is None:
                     payload = bytearray(h.nbytes)
                     await recv_exactly_into(conn.sock, memoryview(payload))
                     self.mailbox.deposit(h, payload)

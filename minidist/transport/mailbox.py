@@ -28,7 +28,7 @@ class Posted:
     """A receive waiting for its frame."""
 
     key: Key
-    view: memoryview  # bytes, where the payload goes
+    view: memoryview | None  # where the payload goes; None: any size, kept as bytes
     check: Check  # returns the error to raise for a header that does not fit, or None
     future: asyncio.Future = field(repr=False)
 
@@ -58,8 +58,12 @@ class Mailbox:
     def unexpect(self, group: int, seq: int) -> None:
         self._expect.pop((group, seq), None)
 
-    def post(self, key: Key, view: memoryview, check: Check) -> asyncio.Future:
-        """Ask for the frame ``key`` to land in ``view``; the future resolves to its header."""
+    def post(self, key: Key, view: memoryview | None, check: Check) -> asyncio.Future:
+        """Ask for the frame ``key`` to land in ``view``; the future resolves to its header.
+
+        With ``view`` None the frame may have any length and the future resolves to
+        (header, payload bytes).
+        """
         fut = asyncio.get_running_loop().create_future()
         early = self._early.pop(key, None)
         if early is not None:
@@ -89,7 +93,7 @@ class Mailbox:
         if p is None:
             return None
         err = p.check(header)
-        if err is None and header.nbytes != p.view.nbytes:
+        if err is None and p.view is not None and header.nbytes != p.view.nbytes:
             err = CollectiveMismatchError(
                 f"frame of {header.nbytes} bytes for a {p.view.nbytes}-byte receive")
         if err is not None:
@@ -140,11 +144,14 @@ class Mailbox:
     @staticmethod
     def _deliver(p: Posted, header: Header, payload: bytearray) -> None:
         err = p.check(header)
-        if err is None and len(payload) != p.view.nbytes:
+        if err is None and p.view is not None and len(payload) != p.view.nbytes:
             err = CollectiveMismatchError(
                 f"frame of {len(payload)} bytes for a {p.view.nbytes}-byte receive")
         if err is not None:
             p.future.set_exception(err)
+            return
+        if p.view is None:
+            p.future.set_result((header, bytes(payload)))
             return
         p.view[:] = payload
         p.future.set_result(header)

@@ -185,3 +185,18 @@ async def test_store(job):
     assert r.body["value"] == 5
     with pytest.raises(minidist.DistTimeoutError):
         await s1.client.request({"t": "kv_get", "key": "never", "timeout": 0.2})
+
+
+async def test_unmatched_receive_times_out_and_names_the_sender():
+    sessions = await start_job(2, timeout=0.5)
+    try:
+        p = sessions[0].prepare_recv(np.empty(4), 1, 3, None)
+        with pytest.raises(minidist.DistTimeoutError, match="from rank 1 .tag 3."):
+            await sessions[0].recv(p)
+        # a later matching send is not confused with the abandoned receive
+        await sessions[1].send(sessions[1].prepare_send(np.arange(4.0), 0, 3, None))
+        buf = np.empty(4)
+        await sessions[0].recv(sessions[0].prepare_recv(buf, 1, 3, None))
+        assert (buf == np.arange(4.0)).all()
+    finally:
+        await stop_job(sessions)

@@ -111,3 +111,11 @@ def test_output_is_prefixed_and_exit_code_is_the_failing_ranks(tmp_path):
     assert r.returncode == 7, r.stderr
     assert sorted(line for line in r.stdout.splitlines()) == [
         "[rank0]: hello", "[rank1]: hello", "[rank2]: hello"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_every_collective_p2p_and_object_call(n):
+    with Job(n, SCRIPTS / "all_collectives.py") as job:
+        rc = job.wait(90)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    assert "ALL COLLECTIVES OK" in job.out
