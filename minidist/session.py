@@ -279,7 +279,9 @@ class Session:
     # ------------------------------------------------------------------ point-to-point
 
     def prepare_send(self, array: np.ndarray | bytes, dst: int, tag: int, group: object,
-                     is_object: bool = False) -> P2P:
+                     is_object: bool = False, internal: bool = False) -> P2P:
+        """A message to global rank ``dst``. ``internal`` tags (2**31 and up) belong to
+        layers built on minidist (the torch adapter), never to users."""
         g = self.group(group, "send")
         peer = self._peer(g, dst, "send", "dst")
         if is_object:
@@ -287,18 +289,22 @@ class Session:
         else:
             flat = _flat_in(array, "send", None)
             shape = np.shape(array)
-        return P2P(g, peer, _tag(tag), self.engine.next_p2p_seq(g, peer, tag, True), flat,
+        tag = _tag(tag, internal)
+        return P2P(g, peer, tag, self.engine.next_p2p_seq(g, peer, tag, True), flat,
                    wire.shape_digest(shape), is_object)
 
-    def prepare_recv(self, array: np.ndarray | None, src: int, tag: int, group: object
-                     ) -> P2P:
+    def prepare_recv(self, array: np.ndarray | None, src: int, tag: int, group: object,
+                     internal: bool = False) -> P2P:
+        """A receive from global rank ``src`` into ``array`` (None: an object)."""
         g = self.group(group, "recv")
         peer = self._peer(g, src, "recv", "src")
-        seq = self.engine.next_p2p_seq(g, peer, tag, False)
+        tag = _tag(tag, internal)
         if array is None:  # an object: any size
-            return P2P(g, peer, _tag(tag), seq, None, 0, True)
+            return P2P(g, peer, tag, self.engine.next_p2p_seq(g, peer, tag, False), None, 0,
+                       True)
         user, flat = _flat(array, "recv")
-        return P2P(g, peer, _tag(tag), seq, flat, wire.shape_digest(user.shape), False,
+        return P2P(g, peer, tag, self.engine.next_p2p_seq(g, peer, tag, False), flat,
+                   wire.shape_digest(user.shape), False,
                    user if not user.flags.c_contiguous else None)
 
     def _peer(self, g: Group, rank: int, what: str, name: str) -> int:
@@ -367,10 +373,11 @@ def _member(g: Group, rank: int, what: str, name: str) -> None:
         raise ValueError(f"{what}: {name}={rank} is not a member of {g!r}")
 
 
-def _tag(tag: int) -> int:
-    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not \
-            0 <= tag < P2P_TAG_LIMIT:
-        raise ValueError(f"tag must be an int in 0..{P2P_TAG_LIMIT - 1}, not {tag!r}")
+def _tag(tag: int, internal: bool = False) -> int:
+    """A user tag (0..2**31-1), or with ``internal`` one of minidist's own (2**31..2**32-1)."""
+    lo, hi = (P2P_TAG_LIMIT, 1 << 32) if internal else (0, P2P_TAG_LIMIT)
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not lo <= tag < hi:
+        raise ValueError(f"tag must be an int in {lo}..{hi - 1}, not {tag!r}")
     return int(tag)
 
 
