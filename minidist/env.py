@@ -18,8 +18,11 @@ DEFAULT_TIMEOUT = 300.0
 class LaunchConfig:
     """Where this process stands in the job and how to reach the rendezvous.
 
-    ``port`` is minidist's own rendezvous port (never torchrun's MASTER_PORT itself);
-    ``host_server`` says whether this process must start the rendezvous server.
+    ``port`` is minidist's own port (never torchrun's MASTER_PORT itself): the
+    rendezvous' on the first node and every other node's agent port. ``host_server``
+    says whether this process must start the rendezvous server, ``host_agent`` whether
+    it must start its node's agent (local rank 0 of a node other than the first, when no
+    minidist launcher runs there).
     """
 
     rank: int
@@ -31,6 +34,7 @@ class LaunchConfig:
     secret: bytes
     host_server: bool
     launcher: str
+    host_agent: bool = False
 
 
 def _int(env: Mapping[str, str], *names: str, default: int | None = None) -> int | None:
@@ -156,4 +160,5 @@ def detect(env: Mapping[str, str], *, rank: int | None = None, world_size: int |
         raise ValueError(f"world size must be at least 1, got {ws}")
     if not 0 <= r < ws:
         raise ValueError(f"rank {r} is outside 0..{ws - 1}")
-    return LaunchConfig(r, ws, lr, lws, addr, port, secret, host, launcher)
+    agent = launcher not in ("minidist", "none") and lr == 0 and not host and lws < ws
+    return LaunchConfig(r, ws, lr, lws, addr, port, secret, host, launcher, agent)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import secrets
 import signal
@@ -26,10 +27,12 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from .rendezvous.agent import NodeAgent
 from .rendezvous.server import RendezvousServer, bind_listeners
 from .transport import addresses
 
 KILL_AFTER = 5.0
+AGENT_CONNECT_TIMEOUT = 120.0
 
 
 @dataclass
@@ -77,7 +80,10 @@ class Launcher:
             raise ValueError("an arbitrary command needs --start-method spawn")
         self.opts = opts
         self.world_size = opts.nproc * opts.nnodes
-        self.secret = os.environ.get("MINIDIST_SECRET") or secrets.token_hex(16)
+        self.secret = os.environ.get("MINIDIST_SECRET") or (
+            # the nodes' launchers must agree without talking: derived, so not secret
+            hashlib.sha256(f"minidist:{opts.master_addr}:{opts.master_port}".encode())
+            .hexdigest() if opts.nnodes > 1 else secrets.token_hex(16))
         self.children: list[_Child] = []
         self.first_failure: int | None = None
         self.port = opts.master_port
@@ -108,11 +114,13 @@ class Launcher:
     def start_ranks(self) -> None:
         """Bind the node's port and start every local rank (before any event loop)."""
         o = self.opts
-        if o.node_rank == 0:
-            self._listeners = bind_listeners("127.0.0.1" if o.nnodes == 1 else "0.0.0.0",
-                                             o.master_port,
-                                             addresses.job_key(self.secret.encode()))
-            self.port = self._listeners[-1].getsockname()[1]
+        if o.nnodes > 1 and not o.master_port:
+            raise ValueError("a job of several nodes needs --master-port (or MINIDIST_PORT): "
+                             "the rendezvous' port on the first node, and every other "
+                             "node's agent port")
+        self._listeners = bind_listeners("127.0.0.1" if o.nnodes == 1 else "0.0.0.0",
+                                         o.master_port, addresses.job_key(self.secret.encode()))
+        self.port = self._listeners[-1].getsockname()[1]
         if o.start_method == "fork":
             _preload()
         sys.stdout.flush()
@@ -170,11 +178,16 @@ class Launcher:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        agent = None
         try:
-            if self._listeners:
+            if self.opts.node_rank == 0:
                 server = RendezvousServer(self.secret.encode(), self.world_size,
                                           generations=True)
                 await server.start(self._listeners)
+            else:
+                agent = NodeAgent(self.secret.encode(), self.opts.master_addr,
+                                  self.opts.master_port)
+                await agent.start(self._listeners, timeout=AGENT_CONNECT_TIMEOUT)
             async with asyncio.TaskGroup() as tg:
                 for c in self.children:
                     tg.create_task(self._pump(c.rank, c.out_fd, self._out))
@@ -186,6 +199,8 @@ class Launcher:
             self._kill_all(signal.SIGKILL)
             if server is not None:
                 await server.close()
+            if agent is not None:
+                await agent.close()
         return self.first_failure or 0
 
     async def _wait_child(self, c: _Child) -> int:

@@ -21,6 +21,7 @@ from .env import LaunchConfig
 from .errors import NotInGroupError, RendezvousError
 from .group import NON_GROUP_MEMBER, WORLD_ID, Group, group_id
 from .ops import ReduceOp
+from .rendezvous.agent import NodeAgent
 from .rendezvous.client import RendezvousClient
 from .rendezvous.server import RendezvousServer
 from .rendezvous.store import KeyValueStore
@@ -71,6 +72,7 @@ class Session:
         self.endpoint: Endpoint | None = None
         self.client: RendezvousClient | None = None
         self.server: RendezvousServer | None = None
+        self.agent: NodeAgent | None = None
         self.local_store: KeyValueStore | None = None
         self.nodes: list[int] = [0] * cfg.world_size
         self._group_counts: dict[tuple[int, ...], int] = {}
@@ -86,6 +88,9 @@ class Session:
         if cfg.host_server:
             self.server = RendezvousServer(cfg.secret, cfg.world_size, port=cfg.port)
             await self.server.start()
+        elif cfg.host_agent:
+            self.agent = NodeAgent(cfg.secret, cfg.master_addr, cfg.port, port=cfg.port)
+            await self.agent.start(timeout=self.timeout)
         engine = self.engine
         self.client = RendezvousClient(cfg.secret, engine.peer_lost, engine.abort_received,
                                        lambda gid: engine.entered.get(gid, 0))
@@ -110,6 +115,12 @@ class Session:
                 await self.client.close(graceful=False)
                 await asyncio.sleep(0.05)
         self.nodes = list(welcome["nodes"])
+        agents = welcome.get("agents") or []
+        me = self.nodes[cfg.rank]
+        for r, node in enumerate(self.nodes):
+            if node != me and node < len(agents) and agents[node] is not None:
+                host, port = agents[node]
+                self.endpoint.remote[r] = (host or cfg.master_addr, port)
 
     async def close(self, graceful: bool = True) -> None:
         """Leave the job and close every socket. A hosted rendezvous first waits (up to
@@ -122,6 +133,8 @@ class Session:
             if graceful:
                 await self.server.wait_all_left(self.timeout)
             await self.server.close()
+        if self.agent is not None:
+            await self.agent.close()
 
     # ------------------------------------------------------------------ groups
 

@@ -50,8 +50,9 @@ class RendezvousClient:
         self.server_gone: str | None = None
 
     async def connect(self, host: str, port: int, timeout: float) -> None:
-        """Connect to the agent of this node (Unix socket) or the server's TCP port,
-        retrying until ``timeout``; RendezvousError if the server refuses us."""
+        """Connect to this node's agent (a Unix socket; the rendezvous itself on the first
+        node), retrying until ``timeout``; RendezvousError if it refuses us. ``host`` and
+        ``port`` only name the rendezvous in error messages: ranks never open TCP to it."""
         loop = asyncio.get_running_loop()
         self._closing = False
         self.server_gone = None
@@ -60,35 +61,30 @@ class RendezvousClient:
         try:
             async with asyncio.timeout(timeout):
                 while True:
-                    for family, addr in ((socket.AF_UNIX, addresses.agent_address(self.job)),
-                                         (socket.AF_INET, (host, port))):
-                        if family == socket.AF_INET and not port:
-                            continue
-                        sock = socket.socket(family, socket.SOCK_STREAM)
-                        sock.setblocking(False)
-                        try:
-                            await loop.sock_connect(sock, addr)
-                            if family == socket.AF_INET:
-                                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                            await connect_handshake(sock, self.secret, wire.Role.PROCESS, -1,
-                                                    -1, timeout)
-                        except RendezvousError:
-                            sock.close()
-                            raise
-                        except (OSError, PeerClosed, ProtocolError) as e:
-                            sock.close()
-                            last = e
-                            continue
-                        self._reader, self._writer = await asyncio.open_connection(sock=sock)
-                        self._task = loop.create_task(self._read_loop())
-                        return
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 1.5, 0.5)
+                    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    sock.setblocking(False)
+                    try:
+                        await loop.sock_connect(sock, addresses.agent_address(self.job))
+                        await connect_handshake(sock, self.secret, wire.Role.PROCESS, -1, -1,
+                                                timeout)
+                    except RendezvousError:
+                        sock.close()
+                        raise
+                    except (OSError, PeerClosed, ProtocolError) as e:
+                        sock.close()
+                        last = e
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 1.5, 0.5)
+                        continue
+                    self._reader, self._writer = await asyncio.open_connection(sock=sock)
+                    self._task = loop.create_task(self._read_loop())
+                    return
         except TimeoutError:
             raise DistTimeoutError(
-                f"could not reach the minidist rendezvous at {host}:{port} within "
-                f"{timeout:.0f} s ({last}); is rank 0 / the launcher running, and is the "
-                "port (MINIDIST_PORT) right?", collective="init") from None
+                f"could not reach this node's minidist agent within {timeout:g} s ({last}); "
+                f"is the launcher, rank 0 (rendezvous at {host}:{port}) or this node's local "
+                "rank 0 running, with the same MINIDIST_PORT and secret?",
+                collective="init") from None
 
     async def register(self, rank: int, world_size: int, local_rank: int,
                        timeout: float) -> dict[str, Any]:

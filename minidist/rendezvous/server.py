@@ -19,7 +19,9 @@ from typing import Any
 from .. import wire
 from ..errors import ProtocolError
 from ..transport import addresses
-from ..transport.sockets import PeerClosed, accept_handshake
+from ..transport.handoff import hand_over
+from ..transport.sockets import PeerClosed, accept_handshake, send_all, tune_tcp
+from .client import node_identity
 from .control import read_control, write_control
 from .store import KeyValueStore
 
@@ -27,11 +29,49 @@ log = logging.getLogger("minidist.rendezvous")
 
 HANDSHAKE_TIMEOUT = 10.0
 QUERY_TIMEOUT = 3.0
+HEARTBEAT = 1.0  # seconds between heartbeats to and from node agents
+HEARTBEAT_TIMEOUT = 5.0  # silence after which a node is declared lost
+
+
+class _Channel:
+    """Where a client's messages go: its own stream, or its node agent's stream with the
+    client's id attached."""
+
+    def __init__(self, writer: asyncio.StreamWriter, cid: int | None = None) -> None:
+        self.writer = writer
+        self.cid = cid
+
+    def send(self, body: dict[str, Any], blob: bytes = b"") -> None:
+        if not self.writer.is_closing():
+            write_control(self.writer, body if self.cid is None else {**body, "to": self.cid},
+                          blob)
+
+    async def drain(self) -> None:
+        await self.writer.drain()
+
+    def closing(self) -> bool:
+        return self.writer.is_closing()
+
+    def close(self) -> None:
+        if self.cid is None:
+            self.writer.close()
+
+
+@dataclass(eq=False)
+class _Agent:
+    """A node agent connected to this rendezvous, relaying its node's ranks."""
+
+    writer: asyncio.StreamWriter
+    node: str = ""
+    host: str = ""
+    port: int = 0
+    last_heard: float = 0.0
+    clients: dict[int, _Client] = field(default_factory=dict)
 
 
 @dataclass
 class _Client:
-    writer: asyncio.StreamWriter
+    channel: _Channel
     rank: int = -1
     node: str = ""
     pid: int = 0
@@ -40,8 +80,7 @@ class _Client:
     queries: dict[int, asyncio.Future] = field(default_factory=dict)
 
     def send(self, body: dict[str, Any], blob: bytes = b"") -> None:
-        if not self.writer.is_closing():
-            write_control(self.writer, body, blob)
+        self.channel.send(body, blob)
 
 
 def bind_listeners(host: str, port: int, job: str | None) -> list[socket.socket]:
@@ -103,6 +142,8 @@ class RendezvousServer:
         self._query_ids = itertools.count(1)
         self._closed = False
         self._shutting_down = False
+        self._agents: set[_Agent] = set()
+        self.node = node_identity()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -118,6 +159,7 @@ class RendezvousServer:
         self._listeners = list(listeners)
         for s in self._listeners:
             self._spawn(self._accept_loop(s))
+        self._spawn(self._heartbeats())
         return self.port
 
     async def close(self) -> None:
@@ -128,7 +170,9 @@ class RendezvousServer:
             with contextlib.suppress(OSError):
                 os.unlink(addresses.agent_address(self.job))
         for c in list(self._clients.values()):
-            c.writer.close()
+            c.channel.close()
+        for a in list(self._agents):
+            a.writer.close()
         tasks = list(self._tasks)
         for t in tasks:
             t.cancel()
@@ -174,19 +218,27 @@ class RendezvousServer:
                 continue
             sock.setblocking(False)
             if sock.family == socket.AF_INET:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                tune_tcp(sock)
             self._spawn(self._session(sock))
 
     async def _session(self, sock: socket.socket) -> None:
         try:
-            await accept_handshake(sock, self.secret, wire.Role.AGENT, wire.Role.PROCESS, -1,
-                                   HANDSHAKE_TIMEOUT)
+            hello = await accept_handshake(sock, self.secret, wire.Role.AGENT,
+                                           (wire.Role.PROCESS, wire.Role.AGENT, wire.Role.PEER),
+                                           -1, HANDSHAKE_TIMEOUT, ack=False)
+            if hello.role == wire.Role.PEER:  # a rank of another node, for a rank of ours
+                await hand_over(sock, hello, self.job, self.secret, HANDSHAKE_TIMEOUT)
+                return
+            await send_all(sock, [wire.encode_ack(wire.AckStatus.OK)])
         except (OSError, ProtocolError, TimeoutError, PeerClosed) as e:
             log.info("rendezvous dropped a connection: %s", e)
             sock.close()
             return
         reader, writer = await asyncio.open_connection(sock=sock)
-        client = _Client(writer)
+        if hello.role == wire.Role.AGENT:
+            await self._agent_session(reader, writer, sock)
+            return
+        client = _Client(_Channel(writer))
         try:
             while True:
                 msg = await read_control(reader)
@@ -200,7 +252,61 @@ class RendezvousServer:
             writer.close()
             self._gone(client)
 
-    def _gone(self, client: _Client) -> None:
+    async def _agent_session(self, reader: asyncio.StreamReader,
+                             writer: asyncio.StreamWriter, sock: socket.socket) -> None:
+        """Serve every rank of another node through that node's agent."""
+        loop = asyncio.get_running_loop()
+        agent = _Agent(writer, last_heard=loop.time())
+        self._agents.add(agent)
+        reason = "the connection to its node's agent closed"
+        try:
+            while True:
+                msg = await read_control(reader)
+                agent.last_heard = loop.time()
+                b = msg.body
+                t = msg.type
+                if t == "agent_hello":
+                    agent.node, agent.port = str(b["node"]), int(b["port"])
+                    agent.host = b.get("host") or sock.getpeername()[0]
+                elif t == "hb":
+                    pass
+                elif t == "gone":
+                    c = agent.clients.pop(b["via"], None)
+                    if c is not None:
+                        self._gone(c)
+                else:
+                    cid = b.pop("via")
+                    c = agent.clients.get(cid)
+                    if c is None:
+                        c = agent.clients[cid] = _Client(_Channel(writer, cid))
+                    await self._handle(c, wire.Control(b, msg.blob))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            if agent.last_heard + HEARTBEAT_TIMEOUT < loop.time():
+                reason = (f"its node ({agent.host}) stopped answering for "
+                          f"{HEARTBEAT_TIMEOUT:g} s")
+        except ProtocolError as e:
+            reason = f"protocol error from its node's agent: {e}"
+            log.error("rendezvous: %s", reason)
+        finally:
+            writer.close()
+            self._agents.discard(agent)
+            for c in list(agent.clients.values()):
+                self._gone(c, reason)
+
+    async def _heartbeats(self) -> None:
+        """Tell each node agent we are alive; drop agents that went silent."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(HEARTBEAT)
+            for a in list(self._agents):
+                if a.last_heard + HEARTBEAT_TIMEOUT < loop.time():
+                    a.writer.transport.abort()
+                elif not a.writer.is_closing():
+                    write_control(a.writer, {"t": "hb"})
+
+    def _gone(self, client: _Client,
+              reason: str = "its process exited or closed its connection") -> None:
         for fut in client.queries.values():
             if not fut.done():
                 fut.set_result(None)
@@ -211,7 +317,7 @@ class RendezvousServer:
             self.left.add(client.rank)
             self._maybe_next_generation()
         elif not self._closed:
-            self.declare_lost(client.rank, "its process exited or closed its connection")
+            self.declare_lost(client.rank, reason)
 
     # ------------------------------------------------------------------ messages
 
@@ -310,8 +416,14 @@ class RendezvousServer:
         nodes = []
         for r in range(self.world_size):
             nodes.append(node_index.setdefault(self._clients[r].node, len(node_index)))
+        # how ranks of other nodes reach each node: its agent's TCP port (host None: the
+        # rendezvous' own node, reached at the address the ranks already know)
+        where = {a.node: [a.host, a.port] for a in self._agents}
+        where[self.node] = [None, self.port]
+        agents = [where.get(node) for node in node_index]
         for r, c in self._clients.items():
-            c.send({"t": "welcome", "rank": r, "world_size": self.world_size, "nodes": nodes})
+            c.send({"t": "welcome", "rank": r, "world_size": self.world_size, "nodes": nodes,
+                    "agents": agents})
         self._all_registered.set()
 
     def _maybe_next_generation(self) -> None:
@@ -322,7 +434,7 @@ class RendezvousServer:
         self._all_registered.clear()
         self.left.clear()
         for c, rank, b in waiting:
-            if not c.writer.is_closing():
+            if not c.channel.closing():
                 self._admit(c, rank, b)
 
     async def _kv_wait(self, c: _Client, b: dict[str, Any]) -> None:
@@ -337,7 +449,7 @@ class RendezvousServer:
         blob = await self.store.get(keys[0], 0.0) if b["t"] == "kv_get" else b""
         c.send({"t": "reply", "id": b["id"]}, blob)
         with contextlib.suppress(ConnectionError):
-            await c.writer.drain()
+            await c.channel.drain()
 
     async def _progress(self, c: _Client, b: dict[str, Any]) -> None:
         """Ask each named rank how many collectives it has entered on a group."""
@@ -358,4 +470,4 @@ class RendezvousServer:
         c.send({"t": "reply", "id": b["id"], "entered": entered,
                 "lost": sorted(set(b["ranks"]) & set(self.lost))})
         with contextlib.suppress(ConnectionError):
-            await c.writer.drain()
+            await c.channel.drain()

@@ -19,7 +19,9 @@ from .sockets import (
     connect_handshake,
     nonblocking_unix_socket,
     recv_exactly_into,
+    recv_fd,
     send_all,
+    tune_tcp,
 )
 
 log = logging.getLogger("minidist.transport")
@@ -70,6 +72,8 @@ class Endpoint:
         self._connecting: dict[int, asyncio.Future] = {}
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
+        # global rank -> (host, port) of its node's agent, for ranks on other nodes
+        self.remote: dict[int, tuple[str, int]] = {}
 
     async def start(self) -> None:
         """Bind and listen on this rank's address."""
@@ -142,8 +146,19 @@ class Endpoint:
 
     async def _admit(self, sock: socket.socket) -> None:
         try:
-            hello = await accept_handshake(sock, self.secret, wire.Role.PEER, wire.Role.PEER,
-                                           self.rank, HANDSHAKE_TIMEOUT)
+            hello = await accept_handshake(sock, self.secret, wire.Role.PEER,
+                                           (wire.Role.PEER, wire.Role.AGENT), self.rank,
+                                           HANDSHAKE_TIMEOUT)
+            if hello.role == wire.Role.AGENT:  # the node agent hands over a TCP connection
+                try:
+                    async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                        fd = await recv_fd(sock)
+                finally:
+                    sock.close()
+                sock = socket.socket(fileno=fd)
+                sock.setblocking(False)
+                tune_tcp(sock)
+                await send_all(sock, [wire.encode_ack(wire.AckStatus.OK)])
         except (OSError, ProtocolError, TimeoutError, PeerClosed) as e:
             log.warning("rank %d dropped a connection that failed the handshake: %s",
                         self.rank, e)
@@ -172,7 +187,8 @@ class Endpoint:
     async def _open(self, dst: int) -> Connection:
         """Connect, retrying while the peer's backlog is full or it is not listening yet."""
         loop = asyncio.get_running_loop()
-        addr = addresses.peer_address(self.job, dst)
+        route = self.remote.get(dst)
+        addr = route if route is not None else addresses.peer_address(self.job, dst)
         delay = 0.001
         last: Exception | None = None
         try:
@@ -180,7 +196,12 @@ class Endpoint:
                 while True:
                     if dst in self._chosen:
                         return self._chosen[dst]
-                    sock = nonblocking_unix_socket()
+                    if route is None:
+                        sock = nonblocking_unix_socket()
+                    else:  # another node: through its agent's TCP port
+                        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                        sock.setblocking(False)
+                        tune_tcp(sock)
                     try:
                         await loop.sock_connect(sock, addr)
                         await connect_handshake(sock, self.secret, wire.Role.PEER, self.rank,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 
@@ -56,22 +57,64 @@ def nonblocking_unix_socket() -> socket.socket:
 
 
 async def accept_handshake(sock: socket.socket, secret: bytes, my_role: wire.Role,
-                           expect_role: wire.Role, my_rank: int,
-                           timeout: float) -> wire.Hello:
+                           expect_role: wire.Role | tuple[wire.Role, ...], my_rank: int,
+                           timeout: float, ack: bool = True) -> wire.Hello:
     """Run the acceptor's side of the handshake; ProtocolError (and nothing else read)
-    if the connector does not prove it knows the secret."""
+    if the connector does not prove it knows the secret. With ``ack`` False the caller
+    answers later (an agent handing the connection over to the rank it is for)."""
+    roles = expect_role if isinstance(expect_role, tuple) else (expect_role,)
     nonce = os.urandom(16)
     async with asyncio.timeout(timeout):
         await send_all(sock, [wire.encode_challenge(my_role, nonce)])
         hello = wire.decode_hello(await recv_exactly(sock, wire.HELLO_SIZE))
-        if not hello.verify(secret, nonce) or hello.role != expect_role:
+        if not hello.verify(secret, nonce) or hello.role not in roles:
             await _try_send(sock, wire.encode_ack(wire.AckStatus.BAD_SECRET))
             raise ProtocolError("handshake failed: the connector does not know the job secret")
         if my_rank >= 0 and hello.dst != my_rank:
             await _try_send(sock, wire.encode_ack(wire.AckStatus.WRONG_DESTINATION))
             raise ProtocolError(f"handshake for rank {hello.dst} reached rank {my_rank}")
-        await send_all(sock, [wire.encode_ack(wire.AckStatus.OK)])
+        if ack:
+            await send_all(sock, [wire.encode_ack(wire.AckStatus.OK)])
     return hello
+
+
+def tune_tcp(sock: socket.socket) -> None:
+    """TCP options for minidist's connections: no Nagle delay, and a dead peer host
+    noticed in seconds (keep-alive probes, and unacknowledged data timing out)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 2), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3),
+                        ("TCP_USER_TIMEOUT", 6000)):
+        if hasattr(socket, name):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+async def send_fd(sock: socket.socket, fd: int) -> None:
+    """Pass a file descriptor over a Unix socket (SCM_RIGHTS), with one byte of data."""
+    while True:
+        try:
+            socket.send_fds(sock, [b"F"], [fd])
+            return
+        except (BlockingIOError, InterruptedError):
+            await _ready(sock, write=True)
+
+
+async def recv_fd(sock: socket.socket) -> int:
+    """Receive one file descriptor passed with :func:`send_fd`."""
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, 1, 1)
+        except (BlockingIOError, InterruptedError):
+            await _ready(sock, write=False)
+            continue
+        if not data or not fds:
+            for fd in fds:
+                os.close(fd)
+            raise PeerClosed("no file descriptor came with the hand-over")
+        for fd in fds[1:]:
+            os.close(fd)
+        return fds[0]
 
 
 async def connect_handshake(sock: socket.socket, secret: bytes, role: wire.Role, src: int,
@@ -90,3 +133,15 @@ async def _try_send(sock: socket.socket, data: bytes) -> None:
         await send_all(sock, [data])
     except OSError:
         pass
+
+
+async def _ready(sock: socket.socket, write: bool) -> None:
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    add, remove = (loop.add_writer, loop.remove_writer) if write else \
+        (loop.add_reader, loop.remove_reader)
+    add(sock, lambda: fut.done() or fut.set_result(None))
+    try:
+        await fut
+    finally:
+        remove(sock)

@@ -1,0 +1,201 @@
+"""The node agent of a node other than the rendezvous' own: the node's one TCP port.
+
+It relays the control messages of its node's ranks (Unix sockets) to the rendezvous
+over a single TCP connection, hands incoming TCP connections from other nodes to the
+rank they are for (and leaves the data path), and exchanges heartbeats with the
+rendezvous so that a vanished host is noticed in seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import socket
+
+from .. import wire
+from ..errors import DistTimeoutError, ProtocolError, RendezvousError
+from ..transport import addresses
+from ..transport.handoff import hand_over
+from ..transport.sockets import PeerClosed, accept_handshake, connect_handshake, send_all, tune_tcp
+from .client import node_identity
+from .control import read_control, write_control
+from .server import HANDSHAKE_TIMEOUT, HEARTBEAT, HEARTBEAT_TIMEOUT, bind_listeners
+
+log = logging.getLogger("minidist.agent")
+
+
+class NodeAgent:
+    """Serves one node of a job whose rendezvous runs at ``master``."""
+
+    def __init__(self, secret: bytes, master_addr: str, master_port: int,
+                 host: str = "0.0.0.0", port: int = 0) -> None:
+        self.secret = secret
+        self.job = addresses.job_key(secret)
+        self.master = (master_addr, master_port)
+        self.host = host
+        self.port = port
+        self._listeners: list[socket.socket] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._local: dict[int, asyncio.StreamWriter] = {}
+        self._ids = itertools.count(1)
+        self._up: asyncio.StreamWriter | None = None
+        self._closed = False
+        self.lost_master: str | None = None
+
+    async def start(self, listeners: list[socket.socket] | None = None,
+                    timeout: float = 60.0) -> int:
+        """Listen on the node's port, connect to the rendezvous; return the port."""
+        if listeners is None:
+            listeners = bind_listeners(self.host, self.port, self.job)
+        self._listeners = list(listeners)
+        for s in self._listeners:
+            s.setblocking(False)
+            if s.family != socket.AF_UNIX:
+                self.port = s.getsockname()[1]
+        reader, self._up = await self._connect_master(timeout)
+        host = os.environ.get("MINIDIST_ADVERTISE_ADDR") or \
+            self._up.get_extra_info("sockname")[0]
+        write_control(self._up, {"t": "agent_hello", "node": node_identity(), "host": host,
+                                 "port": self.port})
+        for s in self._listeners:
+            self._spawn(self._accept_loop(s))
+        self._spawn(self._from_master(reader))
+        self._spawn(self._heartbeats())
+        return self.port
+
+    async def close(self) -> None:
+        self._closed = True
+        for s in self._listeners:
+            s.close()
+        for w in list(self._local.values()):
+            w.close()
+        if self._up is not None:
+            self._up.close()
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ upstream
+
+    async def _connect_master(self, timeout: float):
+        loop = asyncio.get_running_loop()
+        last: Exception | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    sock.setblocking(False)
+                    tune_tcp(sock)
+                    try:
+                        await loop.sock_connect(sock, self.master)
+                        await connect_handshake(sock, self.secret, wire.Role.AGENT, -1, -1,
+                                                HANDSHAKE_TIMEOUT)
+                        return await asyncio.open_connection(sock=sock)
+                    except RendezvousError:
+                        sock.close()
+                        raise
+                    except (OSError, PeerClosed, ProtocolError) as e:
+                        sock.close()
+                        last = e
+                        await asyncio.sleep(0.1)
+        except TimeoutError:
+            raise DistTimeoutError(
+                f"the node agent could not reach the rendezvous at {self.master[0]}:"
+                f"{self.master[1]} within {timeout:g} s ({last})") from None
+
+    async def _from_master(self, reader: asyncio.StreamReader) -> None:
+        loop = asyncio.get_running_loop()
+        self._heard = loop.time()
+        reason = "the rendezvous closed its connection"
+        try:
+            while True:
+                msg = await read_control(reader)
+                self._heard = loop.time()
+                b = msg.body
+                if msg.type == "hb":
+                    continue
+                w = self._local.get(b.pop("to", None))
+                if w is not None and not w.is_closing():
+                    write_control(w, b, msg.blob)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        except ProtocolError as e:
+            reason = f"protocol error from the rendezvous: {e}"
+        if not self._closed:
+            self.lost_master = reason
+            (log.error if self._local else log.info)("node agent lost the rendezvous: %s",
+                                                     reason)
+            for w in list(self._local.values()):  # its ranks learn it from their sockets
+                w.close()
+
+    async def _heartbeats(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(HEARTBEAT)
+            if self._up is None or self._up.is_closing():
+                return
+            if loop.time() - getattr(self, "_heard", loop.time()) > HEARTBEAT_TIMEOUT:
+                self._up.transport.abort()
+                return
+            write_control(self._up, {"t": "hb"})
+
+    # ------------------------------------------------------------------ local side
+
+    def _spawn(self, coro) -> asyncio.Task:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
+
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except OSError:
+                if self._closed:
+                    return
+                await asyncio.sleep(0.05)
+                continue
+            sock.setblocking(False)
+            if sock.family == socket.AF_INET:
+                tune_tcp(sock)
+            self._spawn(self._session(sock))
+
+    async def _session(self, sock: socket.socket) -> None:
+        tcp = sock.family != socket.AF_UNIX
+        try:
+            hello = await accept_handshake(
+                sock, self.secret, wire.Role.AGENT,
+                wire.Role.PEER if tcp else wire.Role.PROCESS, -1, HANDSHAKE_TIMEOUT,
+                ack=False)
+            if tcp:  # a rank of another node, for a rank of this one
+                await hand_over(sock, hello, self.job, self.secret, HANDSHAKE_TIMEOUT)
+                return
+            await send_all(sock, [wire.encode_ack(wire.AckStatus.OK)])
+        except (OSError, ProtocolError, TimeoutError, PeerClosed) as e:
+            log.info("node agent dropped a connection: %s", e)
+            sock.close()
+            return
+        reader, writer = await asyncio.open_connection(sock=sock)
+        cid = next(self._ids)
+        self._local[cid] = writer
+        try:
+            while True:
+                msg = await read_control(reader)
+                if self._up is None or self._up.is_closing():
+                    break
+                write_control(self._up, {**msg.body, "via": cid}, msg.blob)
+                await self._up.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, ProtocolError):
+            pass
+        finally:
+            self._local.pop(cid, None)
+            writer.close()
+            if self._up is not None and not self._up.is_closing():
+                with contextlib.suppress(Exception):
+                    write_control(self._up, {"t": "gone", "via": cid})
