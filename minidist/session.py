@@ -280,12 +280,17 @@ class Session:
             return Prepared(None, None, bufs, op, copied, finish)
         collective = kind.name.lower()
         nbytes = max(flat.nbytes, bufs["in"].nbytes)
+        layout = self._layout(g)
+        if (kind == wire.Kind.ALL_REDUCE and len(set(layout)) > 1 and algorithm is None
+                and not os.environ.get("MINIDIST_ALGO_ALL_REDUCE")):
+            algorithm = "hierarchical"  # the group spans nodes: reduce inside each first
         name = choose_algorithm(collective, g.size, nbytes, count, algorithm)
         call = Call(kind, g, self.engine.next_seq(g), ops.dtype_code(flat.dtype), int(op),
                     algorithms.ALGORITHMS[collective].index(name), name, root, count,
                     wire.shape_digest(user.shape if shape is None else shape))
         sched = algorithms.make_schedule(collective, name, g.rank_of(self.rank), g.size,
-                                         count, g.rank_of(root) if root >= 0 else 0)
+                                         count, g.rank_of(root) if root >= 0 else 0,
+                                         nodes=layout, itemsize=flat.itemsize)
         bufs["tmp"] = np.empty(sched.tmp_size, flat.dtype)
         return Prepared(call, sched, bufs, op, copied, finish)
 
@@ -335,6 +340,11 @@ class Session:
         if p.user is not None:
             np.copyto(p.user, p.flat.reshape(p.user.shape))
         return payload
+
+    def _layout(self, g: Group) -> tuple[int, ...]:
+        """The node of each rank of ``g``, numbered from 0 in order of appearance."""
+        seen: dict[int, int] = {}
+        return tuple(seen.setdefault(self.nodes[r], len(seen)) for r in g.ranks)
 
     async def execute(self, p: Prepared) -> None:
         """Run a prepared call to the end (DistError subclasses on failure)."""

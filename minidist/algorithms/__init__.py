@@ -13,7 +13,16 @@ import functools
 import operator
 from collections.abc import Callable
 
-from . import allgather, allreduce, alltoall, barrier, broadcast, gather_scatter, reduce
+from . import (
+    allgather,
+    allreduce,
+    alltoall,
+    barrier,
+    broadcast,
+    gather_scatter,
+    hierarchical,
+    reduce,
+)
 from . import reduce_scatter as _reduce_scatter
 from .analysis import ScheduleError, stats, validate
 from .schedule import Copy, Recv, Reduce, Schedule, Send, Step
@@ -37,6 +46,9 @@ _REGISTRY: dict[str, dict[str, Algorithm]] = {
         "ring": allreduce.ring,
         "recursive_doubling": allreduce.recursive_doubling,
         "tree": allreduce.tree,
+        # with no node layout given, every rank counts as one node
+        "hierarchical": lambda rank, size, count, root=0: hierarchical.hierarchical(
+            rank, size, count, (0,) * size),
     },
     "broadcast": {
         "binomial": broadcast.binomial,
@@ -132,7 +144,8 @@ def _algorithm(collective: str, algorithm: str) -> Algorithm:
 
 
 def make_schedule(
-    collective: str, algorithm: str, rank: int, size: int, count: int, root: int = 0
+    collective: str, algorithm: str, rank: int, size: int, count: int, root: int = 0,
+    *, nodes: tuple[int, ...] | None = None, itemsize: int = 4,
 ) -> Schedule:
     """The schedule of ``rank`` (group rank) for one call of a collective.
 
@@ -141,6 +154,9 @@ def make_schedule(
     of one block for scatter and all_to_all; 0 for barrier. ``root`` matters only for
     rooted collectives (:data:`ROOTED`); others record 0. Equal arguments give the same
     (cached, immutable) Schedule object.
+
+    ``nodes`` (the node of each group rank) and ``itemsize`` matter only for the
+    topology-aware all_reduce "hierarchical".
 
     Raises ValueError for an unknown collective or algorithm, ``size < 1``, ``rank`` or
     ``root`` outside ``0..size-1``, a negative count, a non-zero barrier count, or
@@ -161,6 +177,8 @@ def make_schedule(
         raise ValueError(f"barrier moves no data: count must be 0, not {count}")
     if collective not in ROOTED:
         root = 0
+    if algorithm == "hierarchical" and nodes is not None:
+        return hierarchical.hierarchical(rank, size, count, tuple(nodes), itemsize)
     return _cached(fn, rank, size, count, root)
 
 
