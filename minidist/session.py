@@ -134,6 +134,8 @@ class Session:
                 await self.server.wait_all_left(self.timeout)
             await self.server.close()
         if self.agent is not None:
+            if graceful:  # the other ranks of this node still talk through it
+                await self.agent.wait_all_left(self.timeout)
             await self.agent.close()
 
     # ------------------------------------------------------------------ groups

@@ -66,6 +66,13 @@ class NodeAgent:
         self._spawn(self._heartbeats())
         return self.port
 
+    async def wait_all_left(self, timeout: float) -> None:
+        """Return once no rank of this node is connected any more, or after ``timeout``."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while self._local and loop.time() < end and self.lost_master is None:
+            await asyncio.sleep(0.02)
+
     async def close(self) -> None:
         self._closed = True
         for s in self._listeners:

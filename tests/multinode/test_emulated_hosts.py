@@ -142,3 +142,39 @@ def test_a_cut_host_is_reported_on_every_survivor(hosts):
         ranks = line.split("ranks=")[1].split()[0]
         assert any(str(r) in ranks.split(",") for r in (6, 7, 8)), line
         assert float(line.split("after=")[1].split()[0]) < 10, line
+
+
+def _launcher_env(kind: str, hosts: Hosts, node: int, local: int, per_node: int) -> dict:
+    rank, world = node * per_node + local, len(hosts.names) * per_node
+    if kind == "torchrun":
+        return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local),
+                "LOCAL_WORLD_SIZE": str(per_node), "MASTER_ADDR": hosts.addrs[0],
+                "MASTER_PORT": str(PORT - 1), "TORCHELASTIC_RUN_ID": hosts.id}
+    if kind == "slurm":
+        return {"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(world),
+                "SLURM_LOCALID": str(local), "SLURM_NTASKS_PER_NODE": str(per_node),
+                "SLURM_NNODES": str(len(hosts.names)), "SLURM_JOB_ID": "7",
+                "MASTER_ADDR": hosts.addrs[0], "MINIDIST_PORT": str(PORT)}
+    return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(world),
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(local),
+            "OMPI_COMM_WORLD_LOCAL_SIZE": str(per_node), "MASTER_ADDR": hosts.addrs[0],
+            "MINIDIST_PORT": str(PORT), "OMPI_MCA_ess_base_jobid": hosts.id}
+
+
+@pytest.mark.parametrize("hosts", [2], indirect=True)
+@pytest.mark.parametrize("kind", ["torchrun", "slurm", "mpirun"])
+def test_other_launchers_across_hosts(hosts, kind):
+    """Each node's local rank 0 hosts that node's agent (rank 0: the rendezvous)."""
+    per_node = 3
+    procs = []
+    for node in range(2):
+        for local in range(per_node):
+            env = clean_env(**_launcher_env(kind, hosts, node, local, per_node))
+            procs.append(subprocess.Popen(
+                [*hosts.prefix(node), sys.executable, str(SCRIPTS / "all_collectives.py")],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                start_new_session=True))
+    results = finish(procs, 120)
+    for rc, _out, err in results:
+        assert rc == 0, err[-3000:]
+    assert "ALL COLLECTIVES OK" in results[0][1]
