@@ -17,8 +17,10 @@ is the one the job's rank 0 prints in its summary line.
 Every run gets a wall-clock timeout; a failure (exit code, last error line), a timeout,
 or a gloo run that would not fit in memory (estimated at ``--gloo-mib-per-proc`` MiB per
 process against ``--mem-fraction`` of MemAvailable) is recorded as that run's result.
-Each launcher starts in its own session; when a run ends, its whole process tree is
-killed (the launcher's session, and every descendant this script saw, in its session).
+Each launcher starts in its own session, with oom_score_adj 1000 (inherited by its ranks)
+so that an out-of-memory kill lands on the job, not on the rest of the machine; when a
+run ends, its whole process tree is killed (the launcher's session, and every descendant
+this script saw, in its session).
 
     python benchmarks/footprint.py                       # N = 64 .. 1024, both systems
     python benchmarks/footprint.py --sizes 64,128 --json out.json
@@ -101,6 +103,22 @@ def become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
+def git(*args: str) -> str:
+    try:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def first_to_go() -> None:
+    """In the launcher, before exec: if memory runs out, the kernel kills this job's
+    processes (they inherit the setting) rather than anyone else's."""
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")
+
+
 def time_wait_sockets() -> int:
     n = 0
     for name in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -168,8 +186,8 @@ class Run:
                     self.err.append(line)
                 else:
                     self.out.append(line)
-                    if line.endswith("READY"):
-                        self.ready += 1
+                    # unbuffered ranks sharing one pipe can run lines together
+                    self.ready += line.count("READY")
                 if len(self.errors) < 500 and ERROR_LINE.search(line):
                     self.errors.append(line)
 
@@ -189,7 +207,7 @@ class Run:
         self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, text=True,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True,
-                                     errors="replace")
+                                     errors="replace", preexec_fn=first_to_go)
         threads = [threading.Thread(target=self._reader, args=(self.proc.stdout, False),
                                     daemon=True),
                    threading.Thread(target=self._reader, args=(self.proc.stderr, True),
@@ -227,15 +245,20 @@ class Run:
                 res["summary_listening_tcp_ports"] = int(summary.group(3))
                 res["summary_tcp_connections_between_ranks"] = int(summary.group(4))
             if rc is None:
-                res["result"] = f"timeout after {self.timeout:.0f} s"
+                res["result"] = (f"timeout after {self.timeout:.0f} s "
+                                 f"({min(self.ready, self.n)}/{self.n} ranks READY)")
                 res["ready_ranks"] = self.ready
-                res["error"] = self.error_line()
+                if self.errors:
+                    res["error"] = self.error_line()
             elif rc != 0:
                 res["result"] = f"failed (exit {rc})"
                 res["exit_code"] = rc
                 res["error"] = self.error_line()
             elif "ranks" not in res:
                 res["result"] = "finished without being measured"
+                res["ready_ranks"] = self.ready
+                res["stdout_tail"] = self.out[-20:]
+                res["stderr_tail"] = list(self.err)[-20:]
             else:
                 res["result"] = "ok"
             res["exit_code"] = rc
@@ -419,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     gloo_sizes = [int(s) for s in (args.gloo_sizes or args.sizes).split(",") if s]
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    tv = torch_version() if "gloo" in systems else None
+    tv = torch_version()
     if "gloo" in systems and tv is None:
         log("[footprint] torch is not importable: gloo runs skipped")
         systems.remove("gloo")
@@ -433,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         "numpy": numpy.__version__,
         "torch": tv,
         "kernel": platform.release(),
+        "minidist_commit": git("rev-parse", "--short", "HEAD"),
+        "minidist_uncommitted_changes": bool(git("status", "--porcelain", "--", "minidist")),
         "ephemeral_ports": open("/proc/sys/net/ipv4/ip_local_port_range").read().split(),
         "nofile_limit": __import__("resource").getrlimit(
             __import__("resource").RLIMIT_NOFILE)[0],

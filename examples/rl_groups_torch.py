@@ -27,6 +27,12 @@ import torch.distributed as dist
 from minidist import diagnostics
 
 
+def say(line: str) -> None:
+    """One write per line: the ranks share torchrun's stdout, often unbuffered."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main() -> None:
     t_start = time.time()
     dist.init_process_group("gloo")  # env:// from torchrun: MASTER_ADDR/PORT, RANK, ...
@@ -78,12 +84,12 @@ def main() -> None:
         ports, conns = diagnostics.tcp_sockets(job)
         between_ranks = [c for c in conns if c[0] in set(rank_pids)]
         groups = 2 + (nodes if per_node > 1 else 0)  # new_group calls this rank made
-        print(f"N={world} groups=3 setup={times[1].item() - times[0].item():.3f}s "
-              f"listening_tcp_ports={len(ports)} tcp_connections_between_ranks="
-              f"{len(between_ranks)} rounds={rounds} new_group_calls={groups}", flush=True)
+        say(f"N={world} groups=3 setup={times[1].item() - times[0].item():.3f}s "
+            f"listening_tcp_ports={len(ports)} tcp_connections_between_ranks="
+            f"{len(between_ranks)} rounds={rounds} new_group_calls={groups}")
     gate = os.environ.get("MINIDIST_TEST_GATE")
     if gate:  # let a test look at the running job from outside
-        print("READY", flush=True)
+        say("READY")
         end = time.time() + 120
         while not os.path.exists(gate) and time.time() < end:
             time.sleep(0.05)
