@@ -27,6 +27,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from . import shm
 from .rendezvous.agent import NodeAgent
 from .rendezvous.server import RendezvousServer, bind_listeners
 from .transport import addresses
@@ -201,6 +202,9 @@ class Launcher:
                 await server.close()
             if agent is not None:
                 await agent.close()
+            swept = shm.sweep(addresses.job_key(self.secret.encode()))
+            if swept:
+                self._note(f"removed shared memory left by killed ranks: {swept}")
         return self.first_failure or 0
 
     async def _wait_child(self, c: _Child) -> int:

@@ -9,12 +9,14 @@ executing it happens on the loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import algorithms, ops, wire
+from . import algorithms, ops, shm, wire
+from .algorithms import shm as shm_algorithm
 from .algorithms.schedule import Schedule
 from .engine import Call, Engine
 from .env import LaunchConfig
@@ -43,6 +45,8 @@ class Prepared:
 
 
 P2P_TAG_LIMIT = 1 << 31  # tags from 2**31 up are minidist's own
+SHM_TAG = P2P_TAG_LIMIT + 1  # setting up a group's shared-memory segment
+SHM_MIN_BYTES = 256 * 1024  # from here one node's all_reduce goes through shared memory
 
 
 @dataclass(eq=False)
@@ -76,6 +80,10 @@ class Session:
         self.local_store: KeyValueStore | None = None
         self.nodes: list[int] = [0] * cfg.world_size
         self._group_counts: dict[tuple[int, ...], int] = {}
+        self.job = addresses.job_key(cfg.secret)
+        self.shm_enabled = shm.available() and os.environ.get("MINIDIST_SHM", "1") != "0"
+        self._segments: dict[int, object] = {}
+        self._shm_locks: dict[int, asyncio.Lock] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -125,6 +133,10 @@ class Session:
     async def close(self, graceful: bool = True) -> None:
         """Leave the job and close every socket. A hosted rendezvous first waits (up to
         the timeout) for the other ranks to leave."""
+        for seg in self._segments.values():
+            with contextlib.suppress(BufferError):
+                seg.close()
+        self._segments.clear()
         if self.endpoint is not None:
             await self.endpoint.close()
         if self.client is not None:
@@ -133,6 +145,7 @@ class Session:
             if graceful:
                 await self.server.wait_all_left(self.timeout)
             await self.server.close()
+            shm.sweep(self.job)
         if self.agent is not None:
             if graceful:  # the other ranks of this node still talk through it
                 await self.agent.wait_all_left(self.timeout)
@@ -283,9 +296,12 @@ class Session:
         collective = kind.name.lower()
         nbytes = max(flat.nbytes, bufs["in"].nbytes)
         layout = self._layout(g)
-        if (kind == wire.Kind.ALL_REDUCE and len(set(layout)) > 1 and algorithm is None
+        if (kind == wire.Kind.ALL_REDUCE and algorithm is None
                 and not os.environ.get("MINIDIST_ALGO_ALL_REDUCE")):
-            algorithm = "hierarchical"  # the group spans nodes: reduce inside each first
+            if len(set(layout)) > 1:
+                algorithm = "hierarchical"  # the group spans nodes: reduce inside each first
+            elif nbytes >= SHM_MIN_BYTES and self.shm_enabled:
+                algorithm = "shared_memory"  # one node, a large vector
         name = choose_algorithm(collective, g.size, nbytes, count, algorithm)
         call = Call(kind, g, self.engine.next_seq(g), ops.dtype_code(flat.dtype), int(op),
                     algorithms.ALGORITHMS[collective].index(name), name, root, count,
@@ -343,6 +359,33 @@ class Session:
             np.copyto(p.user, p.flat.reshape(p.user.shape))
         return payload
 
+    async def _segment(self, g: Group):
+        """This group's shared-memory segment, set up on first use by every member."""
+        seg = self._segments.get(g.id)
+        if seg is not None:
+            return seg
+        size = shm_algorithm.SEGMENT_BYTES
+        leader = g.ranks[0]
+        if self.rank == leader:
+            name = shm.segment_name(self.job, g.id, os.getpid())
+            seg = shm.create(name, size)
+            try:
+                for r in g.ranks[1:]:
+                    await self.send(self.prepare_send(name.encode(), r, SHM_TAG, g,
+                                                      is_object=True, internal=True))
+                for r in g.ranks[1:]:
+                    await self.recv(self.prepare_recv(None, r, SHM_TAG, g, internal=True))
+            finally:
+                shm.unlink(name)  # every member has it mapped (or failed): no name left
+        else:
+            name = (await self.recv(self.prepare_recv(None, leader, SHM_TAG, g,
+                                                      internal=True))).decode()
+            seg = shm.attach(name, size)
+            await self.send(self.prepare_send(b"ok", leader, SHM_TAG, g, is_object=True,
+                                              internal=True))
+        self._segments[g.id] = seg
+        return seg
+
     def _layout(self, g: Group) -> tuple[int, ...]:
         """The node of each rank of ``g``, numbered from 0 in order of appearance."""
         seen: dict[int, int] = {}
@@ -351,7 +394,17 @@ class Session:
     async def execute(self, p: Prepared) -> None:
         """Run a prepared call to the end (DistError subclasses on failure)."""
         out = p.bufs["out"]
-        if p.call is not None:
+        if p.call is not None and p.schedule.shared_tmp:
+            g = p.call.group
+            lock = self._shm_locks.setdefault(g.id, asyncio.Lock())
+            async with lock:  # calls on one group share its segment: one at a time
+                seg = await self._segment(g)
+                p.bufs["tmp"] = np.frombuffer(seg, out.dtype, p.schedule.tmp_size)
+                try:
+                    await self.engine.run(p.call, p.schedule, p.bufs, p.op, self.timeout)
+                finally:
+                    p.bufs["tmp"] = None
+        elif p.call is not None:
             await self.engine.run(p.call, p.schedule, p.bufs, p.op, self.timeout)
         if p.finish:
             ops.finish(p.op, out, p.call.group.size if p.call else 1)

@@ -22,6 +22,7 @@ from . import (
     gather_scatter,
     hierarchical,
     reduce,
+    shm,
 )
 from . import reduce_scatter as _reduce_scatter
 from .analysis import ScheduleError, stats, validate
@@ -49,6 +50,8 @@ _REGISTRY: dict[str, dict[str, Algorithm]] = {
         # with no node layout given, every rank counts as one node
         "hierarchical": lambda rank, size, count, root=0: hierarchical.hierarchical(
             rank, size, count, (0,) * size),
+        "shared_memory": lambda rank, size, count, root=0: shm.shared_memory(
+            rank, size, count, shm.chunk_elements(size, 4)),
     },
     "broadcast": {
         "binomial": broadcast.binomial,
@@ -179,6 +182,8 @@ def make_schedule(
         root = 0
     if algorithm == "hierarchical" and nodes is not None:
         return hierarchical.hierarchical(rank, size, count, tuple(nodes), itemsize)
+    if algorithm == "shared_memory":
+        return shm.shared_memory(rank, size, count, shm.chunk_elements(size, itemsize))
     return _cached(fn, rank, size, count, root)
 
 

@@ -103,3 +103,6 @@ class Schedule:
     # Element counts the executor must give the "in" and "out" buffers.
     in_size: int = 0
     out_size: int = 0
+    # True: "tmp" is one area shared by every rank of the group (shared memory on a
+    # node), and the schedule's messages order the ranks' accesses to it.
+    shared_tmp: bool = False

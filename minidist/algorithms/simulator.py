@@ -40,6 +40,7 @@ Combine = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 # on_recv(rank, step, recv, data) before data lands; on_compute(rank, step, op) before op.
 OnRecv = Callable[[int, int, Recv, np.ndarray], None]
 OnCompute = Callable[[int, int, Reduce | Copy], None]
+OnSend = Callable[[int, int, Send], None]
 
 
 def _check_group(schedules: Sequence[Schedule]) -> None:
@@ -69,6 +70,7 @@ def _execute(
     rendezvous: bool = False,
     on_recv: OnRecv | None = None,
     on_compute: OnCompute | None = None,
+    on_send: OnSend | None = None,
 ) -> None:
     """Run all ranks' schedules to completion; see the module docstring."""
     _check_group(schedules)
@@ -109,6 +111,8 @@ def _execute(
                                     f"{where(r)}: second message to rank {c.peer} with tag {c.tag}")
                             used.add(key)
                             mailbox[key] = (np.array(bufs[c.buf][c.lo:c.hi], copy=True), c, pc[r])
+                            if on_send is not None:
+                                on_send(r, pc[r], c)
                             if rendezvous:
                                 unsent[r].add(key)
                         else:
@@ -257,7 +261,11 @@ def simulate(
         else:
             bufs = {"in": x.copy() if uses_input else np.empty(0, dtype),
                     "out": _poison(dtype, s.out_size)}
-        bufs["tmp"] = _poison(dtype, s.tmp_size)
+        if s.shared_tmp:  # one area for every rank, as shared memory is
+            shared = buffers[0]["tmp"] if buffers else _poison(dtype, s.tmp_size)
+            bufs["tmp"] = shared
+        else:
+            bufs["tmp"] = _poison(dtype, s.tmp_size)
         buffers.append(bufs)
     run(schedules, buffers, op, rendezvous=rendezvous)
     outs = [b["out"] for b in buffers]
@@ -286,13 +294,15 @@ class OutWrite:
 def first_out_writes(
     schedules: Sequence[Schedule], *, rendezvous: bool = False
 ) -> list[OutWrite | None]:
-    """Trace data dependencies and report each rank's first non-empty write of ``"out"``.
+    """Trace what each rank has heard and report its first non-empty write of ``"out"``.
 
     Runs the schedules over boolean "depends on rank j" masks instead of values: each
     element of a rank's input (``"in"``, or ``"out"`` for in-place collectives) depends on
     that rank; a Reduce depends on both operands; Copies and messages carry their
     dependencies along. ``known`` for rank ``r`` is ``{r}`` plus everything any message
-    received so far (including the one being received into ``out``) depended on.
+    received so far (including the one being received into ``out``) depended on, plus
+    everything its senders had heard when they sent it (the executor checks every
+    frame's header, even an empty one's, before a rank goes on).
     ``None`` means the rank never wrote ``out``.
     """
     size = len(schedules)
@@ -308,9 +318,16 @@ def first_out_writes(
         buffers.append(b)
     heard = [{r} for r in range(size)]
     first: list[OutWrite | None] = [None] * size
+    # every frame's header is checked on arrival, and a rank sends only after its own
+    # checks passed: a message also vouches for everything its sender had heard
+    vouched: dict[tuple[int, int, int], set[int]] = {}
+
+    def on_send(r: int, step: int, send: Send) -> None:
+        vouched[(r, send.peer, send.tag)] = set(heard[r])
 
     def on_recv(r: int, step: int, recv: Recv, data: np.ndarray) -> None:
         heard[r].update(int(j) for j in np.flatnonzero(data.any(axis=0)))
+        heard[r].update(vouched.pop((recv.peer, r, recv.tag), ()))
         if recv.buf == "out" and recv.hi > recv.lo and first[r] is None:
             first[r] = OutWrite(r, step, recv, frozenset(heard[r]))
 
@@ -321,8 +338,11 @@ def first_out_writes(
     def combine(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
         np.logical_or(a, b, out=out)
 
+    if schedules[0].shared_tmp:  # one area for every rank
+        for b in buffers[1:]:
+            b["tmp"] = buffers[0]["tmp"]
     _execute(schedules, buffers, combine, rendezvous=rendezvous,
-             on_recv=on_recv, on_compute=on_compute)
+             on_recv=on_recv, on_compute=on_compute, on_send=on_send)
     return first
 
 

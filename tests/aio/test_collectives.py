@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import numpy as np
 import pytest
@@ -200,3 +201,34 @@ async def test_unmatched_receive_times_out_and_names_the_sender():
         assert (buf == np.arange(4.0)).all()
     finally:
         await stop_job(sessions)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("count", [0, 1, 1000, 1_300_000])
+async def test_shared_memory_all_reduce(n, count):
+    sessions = await start_job(n, timeout=30)
+    try:
+        rng = np.random.default_rng(count)
+        inputs = [rng.integers(-100, 100, count).astype(np.float32) for _ in range(n)]
+        arrays = [a.copy() for a in inputs]
+        await all_reduce(sessions, arrays, ReduceOp.SUM, "shared_memory")
+        want = np.sum(np.array(inputs, np.float64), axis=0).astype(np.float32)
+        for a in arrays:
+            np.testing.assert_array_equal(a, want)
+        # again (the segment is reused), with another op and dtype
+        ints = [rng.integers(0, 1 << 20, count) for _ in range(n)]
+        arrays = [a.copy() for a in ints]
+        await all_reduce(sessions, arrays, ReduceOp.MAX, "shared_memory")
+        for a in arrays:
+            np.testing.assert_array_equal(a, np.max(ints, axis=0) if count else a)
+    finally:
+        await stop_job(sessions)
+    assert not [f for f in os.listdir("/dev/shm") if sessions[0].job in f]
+
+
+async def test_large_all_reduce_on_one_node_picks_shared_memory(job):
+    arrays = [np.ones(1 << 18, np.float32) for _ in job]
+    preps = [s.prepare_all_reduce(a, ReduceOp.SUM, None, None) for s, a in zip(job, arrays)]
+    assert {p.call.algorithm_name for p in preps} == {"shared_memory"}
+    await asyncio.gather(*(s.execute(p) for s, p in zip(job, preps)))
+    assert all((a == len(job)).all() for a in arrays)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -119,3 +120,13 @@ def test_every_collective_p2p_and_object_call(n):
         rc = job.wait(90)
     assert rc == 0, job.out[-2000:] + job.err[-3000:]
     assert "ALL COLLECTIVES OK" in job.out
+
+
+def test_shared_memory_is_never_left_behind_when_a_rank_is_killed():
+    with Job(4, SCRIPTS / "shm_kill.py") as job:
+        rc = job.wait(90)
+    assert rc != 0
+    jobs = {line.split("JOB ")[1] for line in job.out.splitlines() if "JOB " in line}
+    assert len(jobs) == 1, job.out
+    (key,) = jobs
+    assert not [f for f in os.listdir("/dev/shm") if key in f]

@@ -1,0 +1,106 @@
+"""all_reduce through memory shared by the ranks of one node.
+
+"tmp" is one area seen by every rank (``Schedule.shared_tmp``), laid out as two banks
+(even and odd chunks), each with one slot per rank and a result slot. The vector moves
+in chunks of ``chunk`` elements; for chunk ``k`` every rank copies its part into its
+slot, reduces its share of the chunk across all slots into the result slot, and copies
+the result out. One barrier of empty messages per chunk orders it all:
+
+    copy in 0 | B0 | reduce 0, copy in 1 | B1 | copy out 0, reduce 1, copy in 2 | B2 | ...
+
+Two banks make that safe: what a rank writes after barrier ``k`` was last read before
+barrier ``k - 1`` ended. Each element of the result is reduced by one rank in one
+order, so every rank gets the same bits. Each rank moves the vector about three times
+through memory (copy in, its share of the reduction, copy out) and sends only empty
+messages. The caller's vector is first written after barrier 1, by which time every
+rank has been heard from (so mismatches are caught before).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from . import barrier
+from ._common import build, chunk_bounds, step
+from .schedule import Copy, Reduce, Schedule, Step
+
+COLLECTIVE = "all_reduce"
+BARRIER_TAGS = 64  # tags used by one barrier (a dissemination barrier needs log2 n)
+
+
+def layout(size: int, chunk: int) -> tuple[int, int]:
+    """(elements of one bank, elements of the whole area) for ``size`` ranks."""
+    bank = (size + 1) * chunk
+    return bank, 2 * bank
+
+
+@functools.lru_cache(maxsize=256)
+def shared_memory(rank: int, size: int, count: int, chunk: int) -> Schedule:
+    """The schedule of ``rank`` for an all_reduce of ``count`` elements in chunks of
+    ``chunk`` elements through a shared "tmp" of ``layout(size, chunk)[1]`` elements."""
+    if chunk < 1:
+        raise ValueError("chunk must be at least 1 element")
+    bank, area = layout(size, chunk)
+    chunks = [(lo, min(lo + chunk, count)) for lo in range(0, count, chunk)] or [(0, 0)]
+    m = len(chunks)
+
+    def slot(k: int, r: int) -> int:
+        return (k % 2) * bank + r * chunk
+
+    def result(k: int) -> int:
+        return (k % 2) * bank + size * chunk
+
+    def copy_in(k: int) -> Copy:
+        lo, hi = chunks[k]
+        return Copy("tmp", slot(k, rank), "out", lo, hi - lo)
+
+    def reduce_share(k: int) -> list[Reduce | Copy]:
+        lo, hi = chunks[k]
+        a, b = chunk_bounds(hi - lo, size)[rank]
+        n = b - a
+        if n == 0:
+            return []
+        dst = result(k) + a
+        if size == 1:
+            return [Copy("tmp", dst, "tmp", slot(k, 0) + a, n)]
+        ops: list[Reduce | Copy] = [Reduce("tmp", dst, "tmp", slot(k, 0) + a,
+                                           "tmp", slot(k, 1) + a, n)]
+        ops += [Reduce("tmp", dst, "tmp", dst, "tmp", slot(k, j) + a, n)
+                for j in range(2, size)]
+        return ops
+
+    def copy_out(k: int) -> Copy:
+        lo, hi = chunks[k]
+        return Copy("out", lo, "tmp", result(k), hi - lo)
+
+    steps: list[Step] = [step(compute=[copy_in(0)])]
+    for k in range(m + 1):
+        sync = barrier.dissemination(rank, size, 0, 0).steps
+        compute: list[Reduce | Copy] = []
+        if k >= 1:
+            compute.append(copy_out(k - 1))
+        if k < m:
+            compute += reduce_share(k)
+        if k + 1 < m:
+            compute.append(copy_in(k + 1))
+        for i, st in enumerate(sync):
+            comms = [type(c)(c.peer, c.tag + k * BARRIER_TAGS, c.buf, c.lo, c.hi)
+                     for c in st.comms]
+            steps.append(step(comms, compute if i == len(sync) - 1 else ()))
+        if not sync:
+            steps.append(step(compute=compute))
+    return dataclasses.replace(
+        build(COLLECTIVE, "shared_memory", rank, size, count, 0, steps, tmp_size=area,
+              out_size=count), shared_tmp=True)
+
+
+SEGMENT_BYTES = 64 << 20  # the most shared memory one group's all_reduce may map
+CHUNK_BYTES = 2 << 20  # per rank and chunk: small enough for a lean peak memory
+
+
+def chunk_elements(size: int, itemsize: int) -> int:
+    """Elements per chunk for ``size`` ranks: CHUNK_BYTES, less for large groups so that
+    the area stays within SEGMENT_BYTES."""
+    per_rank = min(CHUNK_BYTES, SEGMENT_BYTES // (2 * (size + 1)))
+    return max(1, per_rank // itemsize)
