@@ -2,17 +2,18 @@
 
 "tmp" is one area seen by every rank (``Schedule.shared_tmp``), laid out as two banks
 (even and odd chunks), each with one slot per rank and a result slot. The vector moves
-in chunks of ``chunk`` elements; for chunk ``k`` every rank copies its part into its
-slot, reduces its share of the chunk across all slots into the result slot, and copies
-the result out. One barrier of empty messages per chunk orders it all:
+in chunks of ``chunk`` elements; for chunk ``k`` every rank copies into its slot the
+parts of the chunk that the others reduce, reduces its own share across all ranks (its
+own part read in place) into the result slot and into its vector, and copies the
+others' shares of the result out. One barrier of empty messages per chunk orders it all:
 
     copy in 0 | B0 | reduce 0, copy in 1 | B1 | copy out 0, reduce 1, copy in 2 | B2 | ...
 
 Two banks make that safe: what a rank writes after barrier ``k`` was last read before
 barrier ``k - 1`` ended. Each element of the result is reduced by one rank in one
-order, so every rank gets the same bits. Each rank moves the vector about three times
-through memory (copy in, its share of the reduction, copy out) and sends only empty
-messages. The caller's vector is first written after barrier 1, by which time every
+order, so every rank gets the same bits. Each rank copies (n-1)/n of the vector in
+and (n-1)/n out, reads n shares of 1/n for its reduction, and sends only empty
+messages. The caller's vector is first written after barrier 0, by which time every
 rank has been heard from (so mismatches are caught before).
 """
 
@@ -51,39 +52,49 @@ def shared_memory(rank: int, size: int, count: int, chunk: int) -> Schedule:
     def result(k: int) -> int:
         return (k % 2) * bank + size * chunk
 
-    def copy_in(k: int) -> Copy:
+    def slices(k: int) -> list[tuple[int, int]]:
         lo, hi = chunks[k]
-        return Copy("tmp", slot(k, rank), "out", lo, hi - lo)
+        return chunk_bounds(hi - lo, size)
+
+    def copy_in(k: int) -> list[Copy]:
+        # only the parts the other ranks reduce: this rank reads its own from "out"
+        lo = chunks[k][0]
+        return [Copy("tmp", slot(k, rank) + a, "out", lo + a, b - a)
+                for j, (a, b) in enumerate(slices(k)) if j != rank and b > a]
 
     def reduce_share(k: int) -> list[Reduce | Copy]:
-        lo, hi = chunks[k]
-        a, b = chunk_bounds(hi - lo, size)[rank]
+        lo = chunks[k][0]
+        a, b = slices(k)[rank]
         n = b - a
         if n == 0:
             return []
+
+        def operand(j: int) -> tuple[str, int]:
+            return ("out", lo + a) if j == rank else ("tmp", slot(k, j) + a)
+
         dst = result(k) + a
         if size == 1:
-            return [Copy("tmp", dst, "tmp", slot(k, 0) + a, n)]
-        ops: list[Reduce | Copy] = [Reduce("tmp", dst, "tmp", slot(k, 0) + a,
-                                           "tmp", slot(k, 1) + a, n)]
-        ops += [Reduce("tmp", dst, "tmp", dst, "tmp", slot(k, j) + a, n)
-                for j in range(2, size)]
+            return []
+        ops: list[Reduce | Copy] = [Reduce("tmp", dst, *operand(0), *operand(1), n)]
+        ops += [Reduce("tmp", dst, "tmp", dst, *operand(j), n) for j in range(2, size)]
+        ops.append(Copy("out", lo + a, "tmp", dst, n))  # this rank's share of its result
         return ops
 
-    def copy_out(k: int) -> Copy:
-        lo, hi = chunks[k]
-        return Copy("out", lo, "tmp", result(k), hi - lo)
+    def copy_out(k: int) -> list[Copy]:
+        lo = chunks[k][0]
+        return [Copy("out", lo + a, "tmp", result(k) + a, b - a)
+                for j, (a, b) in enumerate(slices(k)) if j != rank and b > a]
 
-    steps: list[Step] = [step(compute=[copy_in(0)])]
+    steps: list[Step] = [step(compute=copy_in(0))]
     for k in range(m + 1):
         sync = barrier.dissemination(rank, size, 0, 0).steps
         compute: list[Reduce | Copy] = []
         if k >= 1:
-            compute.append(copy_out(k - 1))
+            compute += copy_out(k - 1)
         if k < m:
             compute += reduce_share(k)
         if k + 1 < m:
-            compute.append(copy_in(k + 1))
+            compute += copy_in(k + 1)
         for i, st in enumerate(sync):
             comms = [type(c)(c.peer, c.tag + k * BARRIER_TAGS, c.buf, c.lo, c.hi)
                      for c in st.comms]
