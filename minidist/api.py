@@ -72,6 +72,17 @@ def init(*, rank: int | None = None, world_size: int | None = None,
         _install_exit_hooks()
 
 
+def _adopt(session: Session, runtime: Runtime) -> None:
+    """Make a session that a layer above started itself this process's session, as
+    after :func:`init` (``minidist.torch`` starts one from torch's store)."""
+    global _session, _runtime
+    with _lock:
+        if _session is not None:
+            raise DistError("minidist is already initialized; call minidist.destroy() first")
+        _session, _runtime = session, runtime
+        _install_exit_hooks()
+
+
 def destroy() -> None:
     """Leave the job and release every socket and thread; ``init`` may be called again."""
     global _session, _runtime

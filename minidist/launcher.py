@@ -110,6 +110,9 @@ class Launcher:
             "GROUP_RANK": str(o.node_rank),
             "NODE_RANK": str(o.node_rank),
             "PYTHONUNBUFFERED": "1",
+            # as torchrun does: N ranks of a node must not each start a thread per core
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or (
+                "1" if o.nproc > 1 else str(os.cpu_count() or 1)),
         }
 
     def start_ranks(self) -> None:
@@ -319,9 +322,11 @@ def _run_target(opts: RunOptions, env: dict[str, str]) -> int:
     import runpy
     import traceback
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
-                      else signal.SIG_DFL)
+    # what a fresh interpreter has: Ctrl-C raises KeyboardInterrupt, SIGTERM ends the
+    # process, and a write to a closed socket raises an error instead of killing it
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     os.environ.update(env)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115

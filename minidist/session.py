@@ -47,6 +47,7 @@ class Prepared:
 P2P_TAG_LIMIT = 1 << 31  # tags from 2**31 up are minidist's own
 SHM_TAG = P2P_TAG_LIMIT + 1  # setting up a group's shared-memory segment
 SHM_MIN_BYTES = 256 * 1024  # from here one node's all_reduce goes through shared memory
+PLAN_CACHE = 4096  # calls whose algorithm and schedule a session remembers
 
 
 @dataclass(eq=False)
@@ -83,6 +84,13 @@ class Session:
         self.job = addresses.job_key(cfg.secret)
         self.shm_enabled = shm.available() and os.environ.get("MINIDIST_SHM", "1") != "0"
         self._segments: dict[int, object] = {}
+        self._plans: dict[tuple, tuple] = {}
+        self._pool: dict[tuple[np.dtype, int], list[np.ndarray]] = {}
+        self._layouts: dict[int, tuple[int, ...]] = {}
+        # per-job algorithm overrides, read once
+        self._forced = {c: os.environ[f"MINIDIST_ALGO_{c.upper()}"]
+                        for c in algorithms.ALGORITHMS
+                        if os.environ.get(f"MINIDIST_ALGO_{c.upper()}")}
         self._shm_locks: dict[int, asyncio.Lock] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -293,24 +301,56 @@ class Session:
             if inp is not None and flat.size:
                 np.copyto(flat, inp)
             return Prepared(None, None, bufs, op, copied, finish)
+        shape = user.shape if shape is None else shape
+        key = (kind, g.id, flat.dtype, count, bufs["in"].size, shape, root, algorithm)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plan(kind, g, flat, bufs["in"], count, shape, root, algorithm)
+            if len(self._plans) > PLAN_CACHE:
+                self._plans.clear()
+            self._plans[key] = plan
+        name, index, digest, sched, code = plan
+        call = Call(kind, g, self.engine.next_seq(g), code, int(op), index, name, root, count,
+                    digest)
+        if not sched.shared_tmp:
+            bufs["tmp"] = self._scratch(flat.dtype, sched.tmp_size)
+        return Prepared(call, sched, bufs, op, copied, finish)
+
+    def _plan(self, kind: wire.Kind, g: Group, flat: np.ndarray, inp: np.ndarray,
+              count: int, shape: tuple[int, ...], root: int, algorithm: str | None):
+        """(algorithm, its wire index, shape digest, schedule, dtype code) of a call."""
         collective = kind.name.lower()
-        nbytes = max(flat.nbytes, bufs["in"].nbytes)
+        nbytes = max(flat.nbytes, inp.nbytes)
         layout = self._layout(g)
-        if (kind == wire.Kind.ALL_REDUCE and algorithm is None
-                and not os.environ.get("MINIDIST_ALGO_ALL_REDUCE")):
+        forced = algorithm or self._forced.get(collective)
+        if kind == wire.Kind.ALL_REDUCE and forced is None:
             if len(set(layout)) > 1:
-                algorithm = "hierarchical"  # the group spans nodes: reduce inside each first
+                forced = "hierarchical"  # the group spans nodes: reduce inside each first
             elif nbytes >= SHM_MIN_BYTES and self.shm_enabled:
-                algorithm = "shared_memory"  # one node, a large vector
-        name = choose_algorithm(collective, g.size, nbytes, count, algorithm)
-        call = Call(kind, g, self.engine.next_seq(g), ops.dtype_code(flat.dtype), int(op),
-                    algorithms.ALGORITHMS[collective].index(name), name, root, count,
-                    wire.shape_digest(user.shape if shape is None else shape))
+                forced = "shared_memory"  # one node, a large vector
+        name = choose_algorithm(collective, g.size, nbytes, count, forced)
         sched = algorithms.make_schedule(collective, name, g.rank_of(self.rank), g.size,
                                          count, g.rank_of(root) if root >= 0 else 0,
                                          nodes=layout, itemsize=flat.itemsize)
-        bufs["tmp"] = np.empty(sched.tmp_size, flat.dtype)
-        return Prepared(call, sched, bufs, op, copied, finish)
+        return (name, algorithms.ALGORITHMS[collective].index(name), wire.shape_digest(shape),
+                sched, ops.dtype_code(flat.dtype))
+
+    def _scratch(self, dtype: np.dtype, n: int) -> np.ndarray:
+        """A scratch array from the pool (given back by :meth:`execute`)."""
+        pool = self._pool.get((dtype, n))
+        if pool:
+            try:
+                return pool.pop()
+            except IndexError:
+                pass
+        return np.empty(n, dtype)
+
+    def _give_back(self, a: np.ndarray | None) -> None:
+        if a is None or not a.size:
+            return
+        pool = self._pool.setdefault((a.dtype, a.size), [])
+        if len(pool) < 2:
+            pool.append(a)
 
     # ------------------------------------------------------------------ point-to-point
 
@@ -388,8 +428,12 @@ class Session:
 
     def _layout(self, g: Group) -> tuple[int, ...]:
         """The node of each rank of ``g``, numbered from 0 in order of appearance."""
-        seen: dict[int, int] = {}
-        return tuple(seen.setdefault(self.nodes[r], len(seen)) for r in g.ranks)
+        layout = self._layouts.get(g.id)
+        if layout is None:
+            seen: dict[int, int] = {}
+            layout = tuple(seen.setdefault(self.nodes[r], len(seen)) for r in g.ranks)
+            self._layouts[g.id] = layout
+        return layout
 
     async def execute(self, p: Prepared) -> None:
         """Run a prepared call to the end (DistError subclasses on failure)."""
@@ -405,7 +449,10 @@ class Session:
                 finally:
                     p.bufs["tmp"] = None
         elif p.call is not None:
-            await self.engine.run(p.call, p.schedule, p.bufs, p.op, self.timeout)
+            try:
+                await self.engine.run(p.call, p.schedule, p.bufs, p.op, self.timeout)
+            finally:
+                self._give_back(p.bufs.pop("tmp", None))
         if p.finish:
             ops.finish(p.op, out, p.call.group.size if p.call else 1)
         if p.user is not None:

@@ -13,12 +13,12 @@ from .. import wire
 from ..errors import PeerLostError, ProtocolError
 from . import addresses
 from .mailbox import Mailbox
+from .reader import FrameReader
 from .sockets import (
     PeerClosed,
     accept_handshake,
     connect_handshake,
     nonblocking_unix_socket,
-    recv_exactly_into,
     recv_fd,
     send_all,
     tune_tcp,
@@ -37,13 +37,15 @@ class Connection:
         self.sock = sock
         self.peer = peer
         self.lock = asyncio.Lock()
-        self.reader: asyncio.Task | None = None
+        self.reader: FrameReader | None = None
 
     async def send(self, header: bytes, payload: memoryview | None) -> None:
         async with self.lock:
             await send_all(self.sock, [header] if payload is None else [header, payload])
 
     def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
         with contextlib.suppress(OSError):
             self.sock.close()
 
@@ -169,7 +171,8 @@ class Endpoint:
     def _register(self, conn: Connection) -> None:
         self._all.add(conn)
         self._chosen.setdefault(conn.peer, conn)
-        conn.reader = self._spawn(self._read_loop(conn))
+        conn.reader = FrameReader(conn.sock, conn.peer, self.mailbox,
+                                  lambda reason: self._lost(conn, reason))
 
     async def _connect(self, dst: int) -> Connection:
         if dst == self.rank:
@@ -222,49 +225,6 @@ class Endpoint:
         except TimeoutError:
             raise PeerLostError(f"rank {self.rank} could not reach rank {dst} within "
                                 f"{self.connect_timeout:.0f} s: {last}", ranks=[dst]) from None
-
-    async def _read_loop(self, conn: Connection) -> None:
-        header = bytearray(wire.HEADER_SIZE)
-        hview = memoryview(header)
-        reason = "connection closed"
-        try:
-            while True:
-                await recv_exactly_into(conn.sock, hview)
-                h = wire.decode_header(header)
-                if h.src != conn.peer:
-                    raise ProtocolError(f"frame claims src {h.src} on a connection from "
-                                        f"rank {conn.peer}")
-                posted = self.mailbox.claim(h)
-                if posted is not None and posted.view is None:  # any size: read it all
-                    payload = bytearray(h.nbytes)
-                    await recv_exactly_into(conn.sock, memoryview(payload))
-                    if not posted.future.done():
-                        posted.future.set_result((h, bytes(payload)))
-                elif posted is None:
-                    payload = bytearray(h.nbytes)
-                    await recv_exactly_into(conn.sock, memoryview(payload))
-                    self.mailbox.deposit(h, payload)
-                elif posted.view.nbytes == h.nbytes:
-                    await recv_exactly_into(conn.sock, posted.view)
-                    if not posted.future.done():
-                        posted.future.set_result(h)
-                else:  # rejected by the receive's check: drop the payload
-                    await self._discard(conn.sock, h.nbytes)
-        except asyncio.CancelledError:
-            raise
-        except (OSError, PeerClosed) as e:
-            reason = str(e) or type(e).__name__
-        except ProtocolError as e:
-            reason = f"protocol error: {e}"
-            log.error("rank %d: %s from rank %d", self.rank, e, conn.peer)
-        self._lost(conn, reason)
-
-    async def _discard(self, sock: socket.socket, n: int) -> None:
-        scratch = memoryview(bytearray(min(n, _DISCARD)))
-        while n:
-            k = min(n, scratch.nbytes)
-            await recv_exactly_into(sock, scratch[:k])
-            n -= k
 
     def _lost(self, conn: Connection, reason: str) -> None:
         conn.close()

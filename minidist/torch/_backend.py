@@ -1,0 +1,404 @@
+"""minidist as a torch.distributed backend: ``init_process_group("minidist")``.
+
+Registered when ``minidist.torch`` is imported. torch calls :func:`_create` once per
+process group with a (prefixed) store, the group's rank and size and, through the
+extended API, the global ranks of the group. The returned :class:`ProcessGroupMinidist`
+is a Python subclass of ``torch.distributed.ProcessGroup``, which torch then uses as the
+whole process group; its methods mirror c10d's and return torch Work objects completed
+through ``torch.futures.Future``.
+
+Bootstrap (how the process joins minidist's job):
+
+* minidist already initialized in this process (``minidist.init()`` from torchrun's or
+  ``minidist run``'s environment, or ``minidist.torch.init_process_group``): the torch
+  group maps onto that session; its world must be torch's world.
+* otherwise, for the default group, from torch's store: rank 0 starts minidist's
+  rendezvous on a free port (or ``MINIDIST_PORT``) and publishes ``addr:port:secret``
+  under one key of the store; the other ranks read it and join. That port is the only
+  one minidist opens; torch's store is used for nothing else.
+
+Every further group (``new_group(backend="minidist")``) is a minidist group of the same
+session: a tag on existing connections, no socket, no port, no store traffic.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import secrets
+import socket
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+from torch._C._distributed_c10d import _create_work_from_future
+
+from .. import api as md
+from ..env import DEFAULT_TIMEOUT, LaunchConfig
+from ..errors import DistError
+from ..group import Group
+from ..rendezvous.server import RendezvousServer
+from ..runtime import Runtime
+from ..session import Session
+from . import _collectives as C
+from ._work import Work, seconds
+
+BACKEND = "minidist"
+STORE_KEY = "minidist/rendezvous"
+
+_bootstraps = 0  # store bootstraps by this process: a fresh key for each re-init
+_lock = threading.Lock()
+
+
+# ---------------------------------------------------------------------- bootstrap
+
+
+def _advertised_addr(store: Any) -> str:
+    """The address the other ranks use to reach rank 0's rendezvous by TCP (ranks on
+    rank 0's node use its Unix socket and never need it)."""
+    for var in ("MINIDIST_ADDR", "MASTER_ADDR"):
+        if os.environ.get(var):
+            return os.environ[var]
+    inner = store
+    while isinstance(inner, tdist.PrefixStore):
+        inner = inner.underlying_store
+    host = getattr(inner, "host", None) if isinstance(inner, tdist.TCPStore) else None
+    if host and host not in ("localhost", "127.0.0.1", "::1"):
+        return host
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _single_node(world_size: int) -> bool:
+    try:
+        lws = int(os.environ.get("LOCAL_WORLD_SIZE", ""))
+        ws = int(os.environ.get("WORLD_SIZE", ""))
+    except ValueError:
+        return False
+    return lws == ws == world_size
+
+
+def _own_port() -> int:
+    """MINIDIST_PORT if set (and not the port of a minidist launcher), else 0: free."""
+    if "MINIDIST_LAUNCHER" in os.environ:
+        return 0
+    return int(os.environ.get("MINIDIST_PORT") or 0)
+
+
+def bootstrap_from_store(store: Any, rank: int, world_size: int, timeout: float) -> None:
+    """Start minidist in this process from a torch store shared by the ``world_size``
+    ranks (see the module docstring). On return, ``minidist.is_initialized()``."""
+    global _bootstraps
+    if world_size == 1:
+        md.init(rank=0, world_size=1, timeout=timeout)
+        return
+    with _lock:
+        key = f"{STORE_KEY}/{_bootstraps}"
+        _bootstraps += 1
+    runtime = Runtime()
+    server = None
+    session = None
+    try:
+        if rank == 0:
+            secret = secrets.token_hex(16)
+            host = "127.0.0.1" if _single_node(world_size) else "0.0.0.0"
+            server = RendezvousServer(secret.encode(), world_size, host=host,
+                                      port=_own_port())
+            port = runtime.call(server.start())
+            addr = "127.0.0.1" if host == "127.0.0.1" else _advertised_addr(store)
+            store.set(key, f"{addr}\n{port}\n{secret}")
+        else:
+            addr, port, secret = store.get(key).decode().split("\n")
+            port = int(port)
+        local_rank, local_size = rank, world_size
+        if _single_node(world_size) or os.environ.get("WORLD_SIZE") == str(world_size):
+            try:
+                local_rank = int(os.environ.get("LOCAL_RANK", rank))
+                local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+            except ValueError:
+                pass
+        # as under torchrun: local rank 0 of every other node hosts its node's agent
+        agent = local_rank == 0 and rank != 0 and local_size < world_size
+        cfg = LaunchConfig(rank, world_size, local_rank, local_size, addr, int(port),
+                           secret.encode(), False, "torch-store", host_agent=agent)
+        session = Session(cfg, timeout)
+        session.server = server  # closed with the session, after the others left
+        runtime.call(session.start())
+        md._adopt(session, runtime)
+    except BaseException:
+        if session is not None:
+            runtime.call(session.close(graceful=False))
+        elif server is not None:
+            runtime.call(server.close())
+        runtime.stop()
+        raise
+
+
+# ---------------------------------------------------------------------- the process group
+
+
+def _one(tensors: Any, what: str) -> torch.Tensor:
+    if isinstance(tensors, torch.Tensor):
+        return tensors
+    if len(tensors) != 1:
+        raise ValueError(f"minidist {what}: expects exactly one tensor per call, got "
+                         f"{len(tensors)}")
+    return tensors[0]
+
+
+def _torch_work(work: Work) -> Any:
+    return _create_work_from_future(work.get_future())
+
+
+def _many(works: list[Work], result: Any, what: str) -> Work:
+    futures = [f for w in works for f in w._futures]
+
+    def post() -> None:
+        for w in works:
+            w._finish()
+
+    return Work(futures, post, result, what)
+
+
+class ProcessGroupMinidist(tdist.ProcessGroup):
+    """A torch.distributed process group served by minidist (CPU tensors).
+
+    ``group`` is the minidist group (None: the world) whose group ranks are this
+    process group's ranks. ``owns_session``: torch's destroy_process_group also
+    ends the minidist session (it was started for this group).
+    """
+
+    def __init__(self, rank: int, size: int, group: Group | None,
+                 owns_session: bool = False) -> None:
+        super().__init__(rank, size)
+        self._md_group = group
+        self._owns = owns_session
+        self._ranks = C.members(group)
+
+    # ------------------------------------------------------------------ identity
+
+    @property
+    def minidist_group(self) -> Group | None:
+        """The minidist group behind this process group (None: the world)."""
+        return self._md_group
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupMinidist(rank={self.rank()}, size={self.size()})"
+
+    def _global(self, group_rank: int) -> int:
+        if not 0 <= group_rank < len(self._ranks):
+            raise ValueError(f"rank {group_rank} is outside this group of "
+                             f"{len(self._ranks)}")
+        return self._ranks[group_rank]
+
+    # ------------------------------------------------------------------ collectives
+
+    def allreduce(self, tensors: Any, opts: Any = None) -> Any:
+        op = opts.reduceOp if opts is not None else "SUM"
+        return _torch_work(C.all_reduce(_one(tensors, "allreduce"), op, self._md_group))
+
+    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
+        op = opts.reduceOp if opts is not None else "SUM"
+        works = [C.all_reduce(t, op, self._md_group) for t in tensors]
+        return _torch_work(_many(works, list(tensors), "allreduce_coalesced"))
+
+    def broadcast(self, tensors: Any, opts: Any = None) -> Any:
+        root = opts.rootRank if opts is not None else 0
+        return _torch_work(C.broadcast(_one(tensors, "broadcast"), self._global(root),
+                                       self._md_group))
+
+    def reduce(self, tensors: Any, opts: Any = None) -> Any:
+        root = opts.rootRank if opts is not None else 0
+        op = opts.reduceOp if opts is not None else "SUM"
+        return _torch_work(C.reduce(_one(tensors, "reduce"), self._global(root), op,
+                                    self._md_group))
+
+    def allgather(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
+        if len(output_lists) != 1:
+            raise ValueError("minidist allgather: expects one output list")
+        w = C.all_gather(output_lists[0], _one(inputs, "allgather"), self._md_group)
+        w._result = output_lists
+        return _torch_work(w)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
+                        opts: Any = None) -> Any:
+        return _torch_work(C.all_gather_into_tensor(output, input, self._md_group))
+
+    all_gather_single = _allgather_base
+
+    def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any,
+                                        opts: Any = None) -> Any:
+        works = [C.all_gather_into_tensor(o, i, self._md_group)
+                 for o, i in zip(outputs, inputs)]
+        return _torch_work(_many(works, list(outputs), "allgather_into_tensor_coalesced"))
+
+    def reduce_scatter(self, outputs: Any, input_lists: Any, opts: Any = None) -> Any:
+        op = opts.reduceOp if opts is not None else "SUM"
+        if len(input_lists) != 1:
+            raise ValueError("minidist reduce_scatter: expects one input list")
+        return _torch_work(C.reduce_scatter(_one(outputs, "reduce_scatter"), input_lists[0],
+                                            op, self._md_group))
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
+                             opts: Any = None) -> Any:
+        op = opts.reduceOp if opts is not None else "SUM"
+        return _torch_work(C.reduce_scatter_tensor(output, input, op, self._md_group))
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any,
+                                        opts: Any = None) -> Any:
+        op = opts.reduceOp if opts is not None else "SUM"
+        works = [C.reduce_scatter_tensor(o, i, op, self._md_group)
+                 for o, i in zip(outputs, inputs)]
+        return _torch_work(_many(works, list(outputs), "reduce_scatter_tensor_coalesced"))
+
+    def gather(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
+        root = self._global(opts.rootRank if opts is not None else 0)
+        outs = output_lists[0] if len(output_lists) else None
+        w = C.gather(_one(inputs, "gather"), outs, root, self._md_group)
+        w._result = output_lists
+        return _torch_work(w)
+
+    def scatter(self, outputs: Any, input_lists: Any, opts: Any = None) -> Any:
+        root = self._global(opts.rootRank if opts is not None else 0)
+        ins = input_lists[0] if len(input_lists) else None
+        return _torch_work(C.scatter(_one(outputs, "scatter"), ins, root, self._md_group))
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
+                      output_split_sizes: Any = None, input_split_sizes: Any = None,
+                      opts: Any = None) -> Any:
+        return _torch_work(C.all_to_all_single(output, input, output_split_sizes,
+                                               input_split_sizes, self._md_group))
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        return _torch_work(C.all_to_all(list(outputs), list(inputs), self._md_group))
+
+    def barrier(self, opts: Any = None) -> Any:
+        return _torch_work(C.barrier(self._md_group))
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        C.monitored_barrier(self._md_group, seconds(timeout), wait_all_ranks)
+
+    # ------------------------------------------------------------------ point-to-point
+
+    def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Any:  # noqa: N803
+        return _torch_work(C.isend(_one(tensors, "send"), self._global(dstRank), tag,
+                                   self._md_group))
+
+    def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Any:  # noqa: N803
+        return _torch_work(C.irecv(_one(tensors, "recv"), self._global(srcRank), tag,
+                                   self._md_group))
+
+    def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
+        raise NotImplementedError("minidist: recv from any source (src=None) is not "
+                                  "supported; name the source rank")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def shutdown(self) -> None:
+        if self._owns:
+            self._owns = False
+            md.destroy()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+
+def _launcher_world(rank: int, size: int) -> bool:
+    """Whether this process runs under ``minidist run`` as global rank ``rank`` of
+    ``size`` (then the launcher's rendezvous is joined; torch's store is not needed)."""
+    env = os.environ
+    return ("MINIDIST_LAUNCHER" in env and env.get("RANK") == str(rank)
+            and env.get("WORLD_SIZE") == str(size))
+
+
+def _create(opts: Any, backend_options: Any = None) -> ProcessGroupMinidist:
+    """torch's creator (extended API): a process group for ``opts.global_ranks_in_group``
+    (empty: the default group)."""
+    rank, size = opts.group_rank, opts.group_size
+    ranks = [int(r) for r in opts.global_ranks_in_group]
+    owns = False
+    if not md.is_initialized():
+        timeout = float(os.environ.get("MINIDIST_TIMEOUT") or opts.timeout.total_seconds()
+                        or DEFAULT_TIMEOUT)
+        if ranks and ranks != list(range(tdist.get_world_size())):
+            raise DistError(
+                "minidist backend: minidist is not initialized in this process, and a "
+                "group of some ranks cannot start it (the other ranks never join). Make "
+                "'minidist' the default backend (init_process_group('minidist')), or "
+                "call minidist.init() on every rank first")
+        me = tdist.get_rank() if ranks else rank
+        if _launcher_world(me, size):
+            md.init(timeout=timeout)  # minidist run hosts the rendezvous: join it
+        else:
+            bootstrap_from_store(opts.store, me, size, timeout)
+        owns = not ranks
+    world = md.get_world_size()
+    if not ranks:
+        if size != world or rank != md.get_rank():
+            raise DistError(
+                f"minidist backend: torch's default group is rank {rank} of {size}, but "
+                f"this process is rank {md.get_rank()} of {world} in minidist's job; "
+                "they must be the same world")
+        return ProcessGroupMinidist(rank, size, None, owns)
+    if tdist.get_rank() != md.get_rank():
+        raise DistError(f"minidist backend: this process is rank {tdist.get_rank()} for "
+                        f"torch but rank {md.get_rank()} for minidist; they must agree")
+    if max(ranks) >= world:
+        raise DistError(f"minidist backend: group ranks {ranks} exceed minidist's world "
+                        f"of {world}")
+    g = md.new_group(ranks)
+    if ranks != sorted(ranks):  # torch's sort_ranks=False: group ranks in given order
+        g = Group(g.id, tuple(ranks), g.name)
+    return ProcessGroupMinidist(rank, size, g)
+
+
+def register() -> None:
+    """Register the "minidist" backend with torch.distributed (idempotent)."""
+    if BACKEND.upper() in getattr(tdist.Backend, "_plugins", {}):
+        return
+    tdist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+
+
+class SessionStore(tdist.Store):
+    """A torch Store over minidist's own key/value store (the rendezvous'), so torch's
+    default group can be created without another port."""
+
+    def __init__(self, timeout: float | None = None) -> None:
+        super().__init__()
+        self._store = md.get_store()
+        self._timeout = timeout
+
+    def set(self, key: str, value: Any) -> None:
+        self._store.set(key, value if isinstance(value, (bytes, str)) else bytes(value))
+
+    def get(self, key: str) -> bytes:
+        return self._store.get(key, self._timeout)
+
+    def add(self, key: str, amount: int) -> int:
+        return self._store.add(key, amount)
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        return self._store.compare_set(key, expected, desired)
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        t = seconds(timeout) if timeout is not None else self._timeout
+        self._store.wait(list(keys), t)
+
+    def check(self, keys: list[str]) -> bool:
+        return self._store.check(list(keys))
+
+    def delete_key(self, key: str) -> bool:
+        return self._store.delete_key(key)
+
+    def num_keys(self) -> int:
+        return self._store.num_keys()

@@ -1,0 +1,440 @@
+"""The collectives on torch tensors, over minidist groups; each returns a :class:`Work`.
+
+Shared by the drop-in module (``minidist.torch.all_reduce`` ...) and the registered
+torch.distributed backend. Arguments are already resolved: ``g`` is a minidist Group
+(None: the world) this rank belongs to, and every rank is a global rank.
+
+Each function validates everything first and only then submits minidist calls, so a bad
+argument raises here and sends nothing. Calls are submitted under one lock: minidist
+numbers calls in submission order, and torch may call from more than one thread (DDP
+launches its all_reduces from the autograd engine's thread).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import pickle
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import api as md
+from ..errors import DistTimeoutError
+from ..group import Group
+from ..ops import ReduceOp
+from ..session import P2P_TAG_LIMIT
+from ._tensors import (
+    as_input,
+    as_output,
+    check_tensor,
+    packed,
+    same_dtype,
+    scratch_like,
+)
+from ._work import Work
+
+# point-to-point tags of minidist's internal space (2**31 and up) used by this adapter
+TAG_COLLECTIVE = P2P_TAG_LIMIT + 0x7410  # all_to_all built on messages
+TAG_OBJECT = P2P_TAG_LIMIT + 0x7411  # send_object_list / recv_object_list
+
+_order = threading.RLock()
+
+
+def _ordered(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with _order:
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def to_op(op: Any) -> ReduceOp:
+    """A minidist ReduceOp from minidist's, torch.distributed's (by name) or a name."""
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, str):
+        name = op.upper()
+    elif isinstance(op, int) and not isinstance(op, bool):
+        return ReduceOp(op)
+    else:
+        inner = getattr(op, "op", None)  # a torch.distributed.ReduceOp instance
+        name = getattr(inner if inner is not None and hasattr(inner, "name") else op,
+                       "name", None)
+    if name == "PREMUL_SUM":
+        raise NotImplementedError("ReduceOp.PREMUL_SUM is not supported by minidist "
+                                  "(multiply the tensor first, then use SUM)")
+    try:
+        return ReduceOp[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unsupported reduce op {op!r}; use one of "
+                         f"{[o.name for o in ReduceOp]}") from None
+
+
+def members(g: Group | None) -> tuple[int, ...]:
+    """The global ranks of ``g`` in group-rank order (None: the world)."""
+    if g is None:
+        return tuple(range(md.get_world_size()))
+    return g.ranks
+
+
+def _futures(*works: Any) -> list:
+    return [w.get_future() for w in works]
+
+
+def _chain(*posts: Callable[[], None] | None) -> Callable[[], None] | None:
+    steps = [p for p in posts if p is not None]
+    if not steps:
+        return None
+
+    def run() -> None:
+        for p in steps:
+            p()
+    return run
+
+
+def _copy_out(buf: torch.Tensor, outs: Sequence[torch.Tensor]) -> Callable[[], None]:
+    def post() -> None:
+        for i, o in enumerate(outs):
+            o.detach().copy_(buf[i].reshape(o.shape))
+    return post
+
+
+def _check_blocks(what: str, ts: Sequence[torch.Tensor], like: torch.Tensor, n: int,
+                  name: str) -> None:
+    if not isinstance(ts, (list, tuple)):
+        raise TypeError(f"{what}: {name} must be a list of tensors")
+    if len(ts) != n:
+        raise ValueError(f"{what}: {name} has {len(ts)} tensors; the group has {n} ranks")
+    for t in ts:
+        check_tensor(t, what)
+    same_dtype(what, like, *ts)
+    for t in ts:
+        if t.numel() != like.numel():
+            raise ValueError(f"{what}: every tensor of {name} must have {like.numel()} "
+                             f"elements (like the single tensor), got {t.numel()}")
+
+
+# ---------------------------------------------------------------------- collectives
+
+
+@_ordered
+def all_reduce(t: torch.Tensor, op: Any, g: Group | None) -> Work:
+    op = to_op(op)
+    arr, post = as_output(t, "all_reduce", reduce=True)
+    w = md.all_reduce(arr, op, g, async_op=True)
+    return Work(_futures(w), post, [t], "all_reduce")
+
+
+@_ordered
+def broadcast(t: torch.Tensor, src: int, g: Group | None) -> Work:
+    arr, post = as_output(t, "broadcast")
+    w = md.broadcast(arr, src, g, async_op=True)
+    return Work(_futures(w), post, [t], "broadcast")
+
+
+@_ordered
+def reduce(t: torch.Tensor, dst: int, op: Any, g: Group | None) -> Work:
+    op = to_op(op)
+    arr, post = as_output(t, "reduce", reduce=True)
+    w = md.reduce(arr, dst, op, g, async_op=True)
+    return Work(_futures(w), post, [t], "reduce")
+
+
+@_ordered
+def barrier(g: Group | None) -> Work:
+    return Work(_futures(md.barrier(g, async_op=True)), None, None, "barrier")
+
+
+@_ordered
+def all_gather(outs: Sequence[torch.Tensor], t: torch.Tensor, g: Group | None) -> Work:
+    what = "all_gather"
+    check_tensor(t, what)
+    _check_blocks(what, outs, t, len(members(g)), "tensor_list")
+    inp = as_input(t, what)
+    buf, arr = scratch_like(t, len(outs))
+    w = md.all_gather(arr, inp, g, async_op=True)
+    return Work(_futures(w), _copy_out(buf, outs), [list(outs)], what)
+
+
+@_ordered
+def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor, g: Group | None) -> Work:
+    what = "all_gather_into_tensor"
+    check_tensor(t, what)
+    check_tensor(out, what)
+    same_dtype(what, out, t)
+    n = len(members(g))
+    if out.numel() != t.numel() * n:
+        raise ValueError(f"{what}: the output has {out.numel()} elements; it needs the "
+                         f"input's {t.numel()} times the group size {n}")
+    inp = as_input(t, what)
+    arr, post = as_output(out, what)
+    w = md.all_gather(arr.reshape(-1), inp, g, async_op=True)
+    return Work(_futures(w), post, [out], what)
+
+
+@_ordered
+def reduce_scatter(out: torch.Tensor, ins: Sequence[torch.Tensor], op: Any,
+                   g: Group | None) -> Work:
+    what = "reduce_scatter"
+    op = to_op(op)
+    check_tensor(out, what)
+    _check_blocks(what, ins, out, len(members(g)), "input_list")
+    inp = packed(list(ins), what, reduce=True)
+    arr, post = as_output(out, what, reduce=True)
+    w = md.reduce_scatter(arr.reshape(-1), inp, op, g, async_op=True)
+    return Work(_futures(w), post, [out], what)
+
+
+@_ordered
+def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op: Any,
+                          g: Group | None) -> Work:
+    what = "reduce_scatter_tensor"
+    op = to_op(op)
+    check_tensor(t, what)
+    check_tensor(out, what)
+    same_dtype(what, out, t)
+    n = len(members(g))
+    if t.numel() != out.numel() * n:
+        raise ValueError(f"{what}: the input has {t.numel()} elements; it needs the "
+                         f"output's {out.numel()} times the group size {n}")
+    inp = as_input(t, what, reduce=True)
+    arr, post = as_output(out, what, reduce=True)
+    w = md.reduce_scatter(arr.reshape(-1), inp.reshape(-1), op, g, async_op=True)
+    return Work(_futures(w), post, [out], what)
+
+
+@_ordered
+def gather(t: torch.Tensor, outs: Sequence[torch.Tensor] | None, dst: int,
+           g: Group | None) -> Work:
+    what = "gather"
+    check_tensor(t, what)
+    inp = as_input(t, what)
+    if md.get_rank() == dst:
+        if outs is None:
+            raise ValueError(f"{what}: the destination rank must pass gather_list")
+        _check_blocks(what, outs, t, len(members(g)), "gather_list")
+        buf, arr = scratch_like(t, len(outs))
+        w = md.gather(inp, arr, dst, g, async_op=True)
+        return Work(_futures(w), _copy_out(buf, outs), [list(outs)], what)
+    w = md.gather(inp, None, dst, g, async_op=True)
+    return Work(_futures(w), None, [], what)
+
+
+@_ordered
+def scatter(t: torch.Tensor, ins: Sequence[torch.Tensor] | None, src: int,
+            g: Group | None) -> Work:
+    what = "scatter"
+    check_tensor(t, what)
+    inp = None
+    if md.get_rank() == src:
+        if ins is None:
+            raise ValueError(f"{what}: the source rank must pass scatter_list")
+        _check_blocks(what, ins, t, len(members(g)), "scatter_list")
+        inp = packed(list(ins), what)
+    arr, post = as_output(t, what)
+    w = md.scatter(arr.reshape(-1), inp, src, g, async_op=True)
+    return Work(_futures(w), post, [t], what)
+
+
+# ---------------------------------------------------------------------- all_to_all
+
+
+def _isend(arr: np.ndarray, dst: int, g: Group | None, tag: int = TAG_COLLECTIVE):
+    s, r = md._current()
+    return r.submit(s.send(s.prepare_send(arr, dst, tag, g, internal=True)))
+
+
+def _irecv(arr: np.ndarray, src: int, g: Group | None, tag: int = TAG_COLLECTIVE):
+    s, r = md._current()
+    return r.submit(s.recv(s.prepare_recv(arr, src, tag, g, internal=True)))
+
+
+@_ordered
+def all_to_all(outs: Sequence[torch.Tensor], ins: Sequence[torch.Tensor],
+               g: Group | None) -> Work:
+    """Tensor ``j`` of ``ins`` to group rank ``j``; tensor ``i`` of ``outs`` from group
+    rank ``i`` (sizes may differ per peer; one message per peer)."""
+    what = "all_to_all"
+    ranks = members(g)
+    n = len(ranks)
+    me = ranks.index(md.get_rank())
+    for name, ts in (("output_tensor_list", outs), ("input_tensor_list", ins)):
+        if not isinstance(ts, (list, tuple)) or len(ts) != n:
+            raise ValueError(f"{what}: {name} must be a list of {n} tensors (the group size)")
+        for t in ts:
+            check_tensor(t, what)
+    same_dtype(what, *outs, *ins)
+    if outs[me].numel() != ins[me].numel():
+        raise ValueError(f"{what}: this rank sends itself {ins[me].numel()} elements but "
+                         f"expects {outs[me].numel()}")
+    srcs = [as_input(t, what) for t in ins]
+    dsts = [as_output(t, what) for t in outs]
+    futures = []
+    for j in range(n):
+        if j != me:
+            futures.append(_isend(srcs[j].reshape(-1), ranks[j], g))
+            futures.append(_irecv(dsts[j][0].reshape(-1), ranks[j], g))
+
+    def post() -> None:
+        np.copyto(dsts[me][0].reshape(-1), srcs[me].reshape(-1))
+        for _, p in dsts:
+            if p is not None:
+                p()
+
+    return Work(futures, post, [list(outs)], what)
+
+
+def _splits(what: str, name: str, splits: Sequence[int] | None, rows: int,
+            n: int) -> list[int]:
+    if splits is None or len(splits) == 0:
+        if rows % n:
+            raise ValueError(f"{what}: dim 0 of the {name} ({rows}) does not divide "
+                             f"into {n} equal splits")
+        return [rows // n] * n
+    splits = [int(s) for s in splits]
+    if len(splits) != n or any(s < 0 for s in splits):
+        raise ValueError(f"{what}: {name}_split_sizes must be {n} non-negative ints, "
+                         f"got {splits}")
+    if sum(splits) != rows:
+        raise ValueError(f"{what}: {name}_split_sizes {splits} add up to {sum(splits)}, "
+                         f"but dim 0 of the {name} is {rows}")
+    return splits
+
+
+@_ordered
+def all_to_all_single(out: torch.Tensor, t: torch.Tensor,
+                      out_splits: Sequence[int] | None, in_splits: Sequence[int] | None,
+                      g: Group | None) -> Work:
+    what = "all_to_all_single"
+    check_tensor(t, what)
+    check_tensor(out, what)
+    same_dtype(what, out, t)
+    ranks = members(g)
+    n = len(ranks)
+    in_rows = t.shape[0] if t.dim() else 1
+    out_rows = out.shape[0] if out.dim() else 1
+    in_row = math.prod(t.shape[1:]) if t.dim() else 1
+    out_row = math.prod(out.shape[1:]) if out.dim() else 1
+    if in_row != out_row:
+        raise ValueError(f"{what}: a row of the input has {in_row} elements, a row of "
+                         f"the output {out_row}")
+    even = not out_splits and not in_splits
+    ins = _splits(what, "input", in_splits, in_rows, n)
+    outs = _splits(what, "output", out_splits, out_rows, n)
+    src = as_input(t, what).reshape(-1)
+    arr, post = as_output(out, what)
+    dst = arr.reshape(-1)
+    if even and out.numel() == t.numel():
+        w = md.all_to_all(dst, src, g, async_op=True)
+        return Work(_futures(w), post, [out], what)
+    me = ranks.index(md.get_rank())
+    if ins[me] != outs[me]:
+        raise ValueError(f"{what}: this rank sends itself {ins[me]} rows but expects "
+                         f"{outs[me]}")
+    in_off = np.concatenate([[0], np.cumsum(ins)]) * in_row
+    out_off = np.concatenate([[0], np.cumsum(outs)]) * out_row
+    futures = []
+    for j in range(n):
+        if j != me:
+            futures.append(_isend(src[in_off[j]:in_off[j + 1]], ranks[j], g))
+            futures.append(_irecv(dst[out_off[j]:out_off[j + 1]], ranks[j], g))
+
+    def own() -> None:
+        np.copyto(dst[out_off[me]:out_off[me + 1]], src[in_off[me]:in_off[me + 1]])
+
+    return Work(futures, _chain(own, post), [out], what)
+
+
+# ---------------------------------------------------------------------- point-to-point
+
+
+@_ordered
+def isend(t: torch.Tensor, dst: int, tag: int, g: Group | None) -> Work:
+    arr = as_input(t, "send")
+    w = md.isend(arr, dst, tag, g)
+    return Work(_futures(w), None, [t], "send")
+
+
+@_ordered
+def irecv(t: torch.Tensor, src: int, tag: int, g: Group | None) -> Work:
+    arr, post = as_output(t, "recv")
+    w = md.irecv(arr, src, tag, g)
+    return Work(_futures(w), post, [t], "recv", source_rank=src)
+
+
+@_ordered
+def _submit_object(obj: Any, dst: int, g: Group | None):
+    s, r = md._current()
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return r.submit(s.send(s.prepare_send(data, dst, TAG_OBJECT, g, is_object=True,
+                                          internal=True)))
+
+
+def send_object(obj: Any, dst: int, g: Group | None) -> None:
+    """Send a picklable object to global rank ``dst`` (the adapter's own tag)."""
+    _submit_object(obj, dst, g).result()
+
+
+@_ordered
+def _submit_recv_object(src: int, g: Group | None):
+    s, r = md._current()
+    return r.submit(s.recv(s.prepare_recv(None, src, TAG_OBJECT, g, internal=True)))
+
+
+def recv_object(src: int, g: Group | None) -> Any:
+    return pickle.loads(_submit_recv_object(src, g).result())
+
+
+# ---------------------------------------------------------------------- monitored barrier
+
+_monitored: dict[int, int] = {}
+
+
+def monitored_barrier(g: Group | None, timeout: float | None, wait_all_ranks: bool) -> None:
+    """A barrier with its own deadline in which the first rank of the group names the
+    ranks that did not arrive (through the job's key/value store, like gloo's)."""
+    s, _ = md._current()
+    timeout = s.timeout if timeout is None else timeout
+    ranks = members(g)
+    gid = 0 if g is None else g.id
+    with _order:
+        count = _monitored.get(gid, 0)
+        _monitored[gid] = count + 1
+    if len(ranks) == 1:
+        return
+    store = md.get_store()
+    base = f"__minidist_torch/monitored_barrier/{gid:x}"
+    go = f"{base}/{count}/go"
+    me = md.get_rank()
+    if me == ranks[0]:
+        keys = [f"{base}/{count}/{r}" for r in ranks[1:]]
+        try:
+            store.wait(keys, timeout)
+        except DistTimeoutError:
+            missing = [r for r, k in zip(ranks[1:], keys) if not store.check([k])]
+            shown = missing if wait_all_ranks else missing[:1]
+            raise DistTimeoutError(
+                f"monitored_barrier: rank(s) {shown} did not reach the barrier within "
+                f"{timeout:g} s (group of ranks {list(ranks)})", collective="monitored_barrier",
+                group=g, missing=shown) from None
+        for k in keys:
+            store.delete_key(k)
+        if count:
+            store.delete_key(f"{base}/{count - 1}/go")
+        store.set(go, b"1")
+    else:
+        store.set(f"{base}/{count}/{me}", b"1")
+        try:
+            store.wait([go], timeout)
+        except DistTimeoutError:
+            raise DistTimeoutError(
+                f"monitored_barrier: rank {ranks[0]} did not release rank {me} within "
+                f"{timeout:g} s", collective="monitored_barrier", group=g,
+                missing=[ranks[0]]) from None

@@ -1,0 +1,147 @@
+"""torch tensors <-> numpy arrays for minidist, without copies where the layout allows.
+
+A contiguous CPU tensor is handed to minidist as a numpy view of its own memory
+(``t.detach().numpy()``). A non-contiguous one is copied into a contiguous scratch
+tensor and, for outputs, copied back when the call completes. bfloat16, which numpy
+lacks, moves as its raw 16-bit patterns (``t.view(torch.int16)``) and is reduced in
+float32, rounded back once at the end. Dtypes without a numpy twin (float8, ...) move
+as raw bytes of the same width and cannot be reduced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+# torch dtypes numpy has an exact twin for (torch's own .numpy() conversion)
+_NUMPY = {
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.float32, torch.float64,
+    torch.complex64, torch.complex128,
+}
+# the integer type of each width, to move raw bits of dtypes numpy lacks
+_RAW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+Post = Callable[[], None] | None
+
+
+def check_tensor(t: object, what: str) -> torch.Tensor:
+    """``t`` if minidist can move it; a clear TypeError / ValueError otherwise."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} needs a torch.Tensor, not {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(
+            f"{what}: tensor is on {t.device}; minidist.torch moves CPU tensors only "
+            "(CUDA tensors are not supported yet: copy to the CPU with .cpu() first)")
+    if t.layout != torch.strided:
+        raise ValueError(f"{what}: {t.layout} tensors are not supported (dense only)")
+    return t
+
+
+def reducible(t: torch.Tensor, what: str) -> None:
+    """TypeError if elementwise reductions are not defined on ``t``'s dtype."""
+    if t.dtype not in _NUMPY and t.dtype != torch.bfloat16:
+        raise TypeError(f"{what}: cannot reduce tensors of dtype {t.dtype} "
+                        "(they can only be moved: broadcast, gather, send, ...)")
+
+
+def overlaps(t: torch.Tensor) -> bool:
+    """True unless ``t``'s elements provably occupy distinct memory (conservative)."""
+    need = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz > 1):
+        if stride < need:
+            return True
+        need = stride * size
+    return False
+
+
+def _plain(t: torch.Tensor) -> bool:
+    """Whether ``t`` can be viewed by numpy in place."""
+    return t.is_contiguous() and not t.is_conj() and not t.is_neg()
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor with ``t``'s values (``t`` itself when it already is one)."""
+    t = t.detach()
+    if _plain(t):
+        return t
+    return t.resolve_conj().resolve_neg().contiguous()
+
+
+def _numpy(t: torch.Tensor, reduce: bool) -> tuple[np.ndarray, torch.Tensor]:
+    """(numpy view, the tensor that owns its memory) of a contiguous tensor."""
+    if t.dtype in _NUMPY:
+        return t.numpy(), t
+    if t.dtype == torch.bfloat16 and reduce:
+        f = t.float()
+        return f.numpy(), f
+    raw = _RAW.get(t.element_size())
+    if raw is None:
+        raise TypeError(f"minidist cannot move tensors of dtype {t.dtype}")
+    return t.view(raw).numpy(), t
+
+
+def as_input(t: torch.Tensor, what: str, reduce: bool = False) -> np.ndarray:
+    """A numpy array with ``t``'s values that minidist only reads.
+
+    ``reduce``: the values take part in a reduction (bfloat16 becomes float32).
+    Zero-copy for a contiguous tensor of a numpy dtype (or bfloat16 when not reduced).
+    """
+    check_tensor(t, what)
+    if reduce:
+        reducible(t, what)
+    return _numpy(_dense(t), reduce)[0]
+
+
+def as_output(t: torch.Tensor, what: str, reduce: bool = False) -> tuple[np.ndarray, Post]:
+    """(a numpy array that minidist reads and writes, a step that puts its values into
+    ``t`` once the call is done, or None when the array is ``t``'s own memory).
+
+    The array starts with ``t``'s values (in-place collectives read them).
+    """
+    check_tensor(t, what)
+    if reduce:
+        reducible(t, what)
+    d = t.detach()
+    if _plain(d) and (d.dtype in _NUMPY or not reduce):
+        return _numpy(d, reduce)[0], None
+    if not _plain(d) and overlaps(d):
+        raise ValueError(f"{what}: the output tensor has overlapping memory (stride "
+                         f"{tuple(d.stride())} for shape {tuple(d.shape)}, e.g. from "
+                         "expand()); pass a contiguous tensor")
+    arr, owner = _numpy(_dense(d), reduce)
+
+    def post() -> None:
+        d.copy_(owner)
+
+    return arr, post
+
+
+def scratch_like(t: torch.Tensor, n: int, reduce: bool = False) -> tuple[torch.Tensor,
+                                                                         np.ndarray]:
+    """A new contiguous tensor of ``n`` blocks shaped like ``t`` and a numpy view of it
+    (float32 for bfloat16 when ``reduce``)."""
+    dtype = torch.float32 if reduce and t.dtype == torch.bfloat16 else t.dtype
+    buf = torch.empty((n, *t.shape), dtype=dtype)
+    return buf, _numpy(buf, reduce)[0]
+
+
+def packed(ts: list[torch.Tensor], what: str, reduce: bool = False) -> np.ndarray:
+    """One contiguous numpy array holding the tensors of ``ts`` one after the other."""
+    for t in ts:
+        check_tensor(t, what)
+        if reduce:
+            reducible(t, what)
+    if not ts:
+        raise ValueError(f"{what}: empty tensor list")
+    flat = torch.cat([t.detach().resolve_conj().resolve_neg().reshape(-1) for t in ts])
+    return _numpy(flat, reduce)[0]
+
+
+def same_dtype(what: str, *ts: torch.Tensor) -> None:
+    dtypes = {t.dtype for t in ts}
+    if len(dtypes) > 1:
+        raise TypeError(f"{what}: all tensors must have the same dtype, got "
+                        f"{sorted(str(d) for d in dtypes)}")
