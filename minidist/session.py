@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import algorithms, ops, shm, wire
+from . import algorithms, calibrate, ops, shm, wire
+from .algorithms import cost
 from .algorithms import shm as shm_algorithm
 from .algorithms.schedule import Schedule
 from .engine import Call, Engine
@@ -46,7 +47,6 @@ class Prepared:
 
 P2P_TAG_LIMIT = 1 << 31  # tags from 2**31 up are minidist's own
 SHM_TAG = P2P_TAG_LIMIT + 1  # setting up a group's shared-memory segment
-SHM_MIN_BYTES = 256 * 1024  # from here one node's all_reduce goes through shared memory
 PLAN_CACHE = 4096  # calls whose algorithm and schedule a session remembers
 
 
@@ -83,6 +83,7 @@ class Session:
         self._group_counts: dict[tuple[int, ...], int] = {}
         self.job = addresses.job_key(cfg.secret)
         self.shm_enabled = shm.available() and os.environ.get("MINIDIST_SHM", "1") != "0"
+        self.costs = calibrate.load()
         self._segments: dict[int, object] = {}
         self._plans: dict[tuple, tuple] = {}
         self._pool: dict[tuple[np.dtype, int], list[np.ndarray]] = {}
@@ -326,8 +327,11 @@ class Session:
         if kind == wire.Kind.ALL_REDUCE and forced is None:
             if len(set(layout)) > 1:
                 forced = "hierarchical"  # the group spans nodes: reduce inside each first
-            elif nbytes >= SHM_MIN_BYTES and self.shm_enabled:
-                forced = "shared_memory"  # one node, a large vector
+            else:  # one node: the cost model picks
+                chunk = shm_algorithm.chunk_elements(g.size, flat.itemsize) * flat.itemsize
+                forced = cost.choose(g.size, nbytes, self.costs, chunk,
+                                     cost.CANDIDATES if self.shm_enabled
+                                     else cost.CANDIDATES[:-1])
         name = choose_algorithm(collective, g.size, nbytes, count, forced)
         sched = algorithms.make_schedule(collective, name, g.rank_of(self.rank), g.size,
                                          count, g.rank_of(root) if root >= 0 else 0,
