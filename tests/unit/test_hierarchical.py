@@ -25,7 +25,7 @@ def run(nodes, count, op=ReduceOp.SUM, dtype=np.int64):
     return scheds, inputs, [b["out"] for b in bufs]
 
 
-@pytest.mark.parametrize("nodes, count", itertools.product(LAYOUTS, [0, 1, 5, 40_000]))
+@pytest.mark.parametrize("nodes, count", list(itertools.product(LAYOUTS, [0, 1, 5, 40_000])))
 def test_matches_numpy_and_keeps_the_contract(nodes, count):
     scheds, inputs, outs = run(nodes, count)
     want = np.sum(inputs, axis=0) if count else np.empty(0, np.int64)

@@ -10,8 +10,8 @@ from minidist.algorithms import shm, simulator
 from minidist.ops import ReduceOp
 
 
-@pytest.mark.parametrize("n, count, chunk", itertools.product(
-    [1, 2, 3, 5, 8, 9], [0, 1, 7, 100, 1001], [1, 3, 64]))
+@pytest.mark.parametrize("n, count, chunk", list(itertools.product(
+    [1, 2, 3, 5, 8, 9], [0, 1, 7, 100, 1001], [1, 3, 64])))
 def test_shared_memory_matches_numpy(n, count, chunk):
     scheds = [shm.shared_memory(r, n, count, chunk) for r in range(n)]
     assert all(s.shared_tmp for s in scheds)
