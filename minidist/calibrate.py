@@ -43,7 +43,7 @@ def save(c: Costs, where: Path | None = None) -> Path:
 
 
 async def _time(sessions, algorithm: str, nbytes: int, reps: int) -> float:
-    arrays = [np.ones(max(1, nbytes // 4), np.float32) for _ in sessions]
+    arrays = [np.zeros(max(1, nbytes // 4), np.float32) for _ in sessions]
 
     async def once() -> None:
         preps = [s.prepare_all_reduce(a, 0, None, algorithm) for s, a in zip(sessions, arrays)]

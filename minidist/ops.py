@@ -40,8 +40,6 @@ DTYPES: tuple[np.dtype, ...] = tuple(
     )
 )
 _CODE = {dt: i for i, dt in enumerate(DTYPES)}
-# A raw 2-byte code for bfloat16 moved as uint16 bits by the torch adapter.
-BFLOAT16_CODE = 200
 
 
 def dtype_code(dtype: np.dtype) -> int:

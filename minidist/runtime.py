@@ -44,7 +44,7 @@ class Runtime:
         """Run a coroutine on the loop and wait for it (the coroutine owns its deadline)."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("blocking minidist call from inside its own event loop; "
-                               "use minidist.aio")
+                               "await Session.execute() there instead")
         return self.submit(coro).result()
 
     def stop(self) -> None:

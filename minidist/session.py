@@ -321,9 +321,13 @@ class Session:
               count: int, shape: tuple[int, ...], root: int, algorithm: str | None):
         """(algorithm, its wire index, shape digest, schedule, dtype code) of a call."""
         collective = kind.name.lower()
-        nbytes = max(flat.nbytes, inp.nbytes)
+        # the same on every rank: the whole vector (for gather and scatter, the root's)
+        nbytes = count * flat.itemsize * (1 if collective in algorithms.IN_PLACE else g.size)
         layout = self._layout(g)
         forced = algorithm or self._forced.get(collective)
+        if forced == "shared_memory" and (len(set(layout)) > 1 or not self.shm_enabled):
+            raise ValueError("all_reduce: algorithm 'shared_memory' needs a group on one node "
+                             "and shared memory enabled (MINIDIST_SHM is not 0)")
         if kind == wire.Kind.ALL_REDUCE and forced is None:
             if len(set(layout)) > 1:
                 forced = "hierarchical"  # the group spans nodes: reduce inside each first
@@ -465,10 +469,8 @@ class Session:
 
 def choose_algorithm(collective: str, size: int, nbytes: int, count: int,
                      algorithm: str | None) -> str:
-    """The algorithm for a call: the argument, else MINIDIST_ALGO_<COLLECTIVE>, else the
-    size-based default."""
-    name = algorithm or os.environ.get(f"MINIDIST_ALGO_{collective.upper()}") or \
-        algorithms.choose(collective, size, nbytes, count=count)
+    """The algorithm for a call: the one given, else the size-based default."""
+    name = algorithm or algorithms.choose(collective, size, nbytes, count=count)
     if name not in algorithms.ALGORITHMS[collective]:
         raise ValueError(f"unknown {collective} algorithm {name!r}; choose one of "
                          f"{algorithms.ALGORITHMS[collective]}")

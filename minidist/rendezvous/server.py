@@ -421,9 +421,15 @@ class RendezvousServer:
         where = {a.node: [a.host, a.port] for a in self._agents}
         where[self.node] = [None, self.port]
         agents = [where.get(node) for node in node_index]
-        for r, c in self._clients.items():
-            c.send({"t": "welcome", "rank": r, "world_size": self.world_size, "nodes": nodes,
-                    "agents": agents})
+        body = {"t": "welcome", "world_size": self.world_size, "nodes": nodes,
+                "agents": agents}
+        raw = wire.encode_control(body)  # the same bytes for every rank: encoded once
+        for c in self._clients.values():
+            if c.channel.cid is None:
+                if not c.channel.closing():
+                    c.channel.writer.write(raw)
+            else:
+                c.send(body)
         self._all_registered.set()
 
     def _maybe_next_generation(self) -> None:

@@ -10,7 +10,7 @@ import socket
 from collections.abc import Callable
 
 from .. import wire
-from ..errors import PeerLostError, ProtocolError
+from ..errors import PeerLostError, ProtocolError, RendezvousError
 from . import addresses
 from .mailbox import Mailbox
 from .reader import FrameReader
@@ -222,6 +222,9 @@ class Endpoint:
                     conn = Connection(sock, dst)
                     self._register(conn)
                     return self._chosen[dst]
+        except RendezvousError as e:  # its node's agent could not hand us over
+            raise PeerLostError(f"rank {self.rank} could not reach rank {dst}: {e}",
+                                ranks=[dst]) from None
         except TimeoutError:
             raise PeerLostError(f"rank {self.rank} could not reach rank {dst} within "
                                 f"{self.connect_timeout:.0f} s: {last}", ranks=[dst]) from None

@@ -232,3 +232,28 @@ async def test_large_all_reduce_on_one_node_picks_shared_memory(job):
     assert {p.call.algorithm_name for p in preps} == {"shared_memory"}
     await asyncio.gather(*(s.execute(p) for s, p in zip(job, preps)))
     assert all((a == len(job)).all() for a in arrays)
+
+
+async def test_gather_and_scatter_agree_on_the_algorithm_at_every_size(job):
+    # the root holds the whole buffer, the others one block: all must plan alike
+    n = len(job)
+    for count in (1, 64 * 1024, 200_000):
+        xs = [np.full(count, s.rank, np.float32) for s in job]
+        outs = [np.empty(count * n, np.float32) if s.rank == 0 else None for s in job]
+        preps = [s.prepare_gather(x, o, 0, None, None) for s, x, o in zip(job, xs, outs)]
+        assert len({p.call.algorithm_name for p in preps}) == 1
+        await asyncio.gather(*(s.execute(p) for s, p in zip(job, preps)))
+        np.testing.assert_array_equal(outs[0], np.repeat(np.arange(n, dtype=np.float32), count))
+        ys = [np.empty(count, np.float32) for _ in job]
+        preps = [s.prepare_scatter(y, outs[0] if s.rank == 0 else None, 0, None, None)
+                 for s, y in zip(job, ys)]
+        assert len({p.call.algorithm_name for p in preps}) == 1
+        await asyncio.gather(*(s.execute(p) for s, p in zip(job, preps)))
+        for r, y in enumerate(ys):
+            assert (y == r).all()
+
+
+async def test_shared_memory_refused_where_it_cannot_work(job, monkeypatch):
+    job[0].shm_enabled = False
+    with pytest.raises(ValueError, match="shared_memory"):
+        job[0].prepare_all_reduce(np.ones(4), ReduceOp.SUM, None, "shared_memory")
