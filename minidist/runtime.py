@@ -44,7 +44,7 @@ class Runtime:
         """Run a coroutine on the loop and wait for it (the coroutine owns its deadline)."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("blocking minidist call from inside its own event loop; "
-                               "await Session.execute() there instead")
+                               "use minidist.aio there instead")
         return self.submit(coro).result()
 
     def stop(self) -> None:

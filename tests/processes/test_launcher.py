@@ -130,3 +130,10 @@ def test_shared_memory_is_never_left_behind_when_a_rank_is_killed():
     assert len(jobs) == 1, job.out
     (key,) = jobs
     assert not [f for f in os.listdir("/dev/shm") if key in f]
+
+
+def test_asyncio_api_inside_a_running_loop():
+    with Job(3, SCRIPTS / "aio_job.py") as job:
+        rc = job.wait(60)
+    assert rc == 0, job.err[-3000:]
+    assert job.out.count("AIO OK") == 3 and "ticks>0=False" not in job.out
