@@ -47,6 +47,7 @@ class Prepared:
 
 P2P_TAG_LIMIT = 1 << 31  # tags from 2**31 up are minidist's own
 SHM_TAG = P2P_TAG_LIMIT + 1  # setting up a group's shared-memory segment
+SHM_BROADCAST_MIN_BYTES = 256 * 1024
 PLAN_CACHE = 4096  # calls whose algorithm and schedule a session remembers
 
 
@@ -326,8 +327,11 @@ class Session:
         layout = self._layout(g)
         forced = algorithm or self._forced.get(collective)
         if forced == "shared_memory" and (len(set(layout)) > 1 or not self.shm_enabled):
-            raise ValueError("all_reduce: algorithm 'shared_memory' needs a group on one node "
-                             "and shared memory enabled (MINIDIST_SHM is not 0)")
+            raise ValueError(f"{collective}: algorithm 'shared_memory' needs a group on one "
+                             "node and shared memory enabled (MINIDIST_SHM is not 0)")
+        if (kind == wire.Kind.BROADCAST and forced is None and self.shm_enabled
+                and len(set(layout)) == 1 and nbytes >= SHM_BROADCAST_MIN_BYTES):
+            forced = "shared_memory"  # one node, a large vector: one copy in, one out
         if kind == wire.Kind.ALL_REDUCE and forced is None:
             if len(set(layout)) > 1:
                 forced = "hierarchical"  # the group spans nodes: reduce inside each first

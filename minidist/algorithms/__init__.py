@@ -56,6 +56,8 @@ _REGISTRY: dict[str, dict[str, Algorithm]] = {
     "broadcast": {
         "binomial": broadcast.binomial,
         "scatter_allgather": broadcast.scatter_allgather,
+        "shared_memory": lambda rank, size, count, root=0: shm.broadcast_shared_memory(
+            rank, size, count, root, shm.BROADCAST_CHUNK_BYTES // 4),
     },
     "barrier": {"dissemination": barrier.dissemination, "tree": barrier.tree},
     "reduce": {"binomial": reduce.binomial},
@@ -182,8 +184,11 @@ def make_schedule(
         root = 0
     if algorithm == "hierarchical" and nodes is not None:
         return hierarchical.hierarchical(rank, size, count, tuple(nodes), itemsize)
-    if algorithm == "shared_memory":
+    if algorithm == "shared_memory" and collective == "all_reduce":
         return shm.shared_memory(rank, size, count, shm.chunk_elements(size, itemsize))
+    if algorithm == "shared_memory" and collective == "broadcast":
+        return shm.broadcast_shared_memory(rank, size, count, root,
+                                           max(1, shm.BROADCAST_CHUNK_BYTES // itemsize))
     return _cached(fn, rank, size, count, root)
 
 

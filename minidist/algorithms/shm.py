@@ -115,3 +115,43 @@ def chunk_elements(size: int, itemsize: int) -> int:
     the area stays within SEGMENT_BYTES."""
     per_rank = min(CHUNK_BYTES, SEGMENT_BYTES // (2 * (size + 1)))
     return max(1, per_rank // itemsize)
+
+
+@functools.lru_cache(maxsize=256)
+def broadcast_shared_memory(rank: int, size: int, count: int, root: int,
+                            chunk: int) -> Schedule:
+    """Broadcast through a shared "tmp" of two banks of ``chunk`` elements: the root
+    copies chunk ``k`` in, one barrier, the others copy it out (while the root copies
+    chunk ``k + 1`` into the other bank)."""
+    if chunk < 1:
+        raise ValueError("chunk must be at least 1 element")
+    chunks = [(lo, min(lo + chunk, count)) for lo in range(0, count, chunk)] or [(0, 0)]
+    m = len(chunks)
+
+    def bank(k: int) -> int:
+        return (k % 2) * chunk
+
+    def copy_in(k: int) -> list[Copy]:
+        lo, hi = chunks[k]
+        return [Copy("tmp", bank(k), "out", lo, hi - lo)] if rank == root and hi > lo else []
+
+    def copy_out(k: int) -> list[Copy]:
+        lo, hi = chunks[k]
+        return [Copy("out", lo, "tmp", bank(k), hi - lo)] if rank != root and hi > lo else []
+
+    steps: list[Step] = [step(compute=copy_in(0))]
+    for k in range(m):
+        sync = barrier.dissemination(rank, size, 0, 0).steps
+        compute = copy_out(k) + (copy_in(k + 1) if k + 1 < m else [])
+        for i, st in enumerate(sync):
+            comms = [type(c)(c.peer, c.tag + k * BARRIER_TAGS, c.buf, c.lo, c.hi)
+                     for c in st.comms]
+            steps.append(step(comms, compute if i == len(sync) - 1 else ()))
+        if not sync:
+            steps.append(step(compute=compute))
+    return dataclasses.replace(
+        build("broadcast", "shared_memory", rank, size, count, root, steps,
+              tmp_size=2 * chunk, out_size=count), shared_tmp=True)
+
+
+BROADCAST_CHUNK_BYTES = 4 << 20

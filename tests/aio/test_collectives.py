@@ -257,3 +257,18 @@ async def test_shared_memory_refused_where_it_cannot_work(job, monkeypatch):
     job[0].shm_enabled = False
     with pytest.raises(ValueError, match="shared_memory"):
         job[0].prepare_all_reduce(np.ones(4), ReduceOp.SUM, None, "shared_memory")
+
+
+@pytest.mark.parametrize("n", [2, 4])
+async def test_large_broadcast_goes_through_shared_memory(n):
+    sessions = await start_job(n, timeout=30)
+    try:
+        count = 3_000_000  # several chunks
+        for root in (0, n - 1):
+            arrays = [np.full(count, s.rank, np.float32) for s in sessions]
+            preps = [s.prepare_broadcast(a, root, None, None) for s, a in zip(sessions, arrays)]
+            assert {p.call.algorithm_name for p in preps} == {"shared_memory"}
+            await asyncio.gather(*(s.execute(p) for s, p in zip(sessions, preps)))
+            assert all((a == root).all() for a in arrays)
+    finally:
+        await stop_job(sessions)

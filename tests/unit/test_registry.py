@@ -30,7 +30,7 @@ def test_collective_names() -> None:
     assert set(ALGORITHMS) == set(COLLECTIVES)
     assert set(ALGORITHMS["all_reduce"]) == {"ring", "recursive_doubling", "tree", "hierarchical",
                                             "shared_memory"}
-    assert set(ALGORITHMS["broadcast"]) == {"binomial", "scatter_allgather"}
+    assert set(ALGORITHMS["broadcast"]) == {"binomial", "scatter_allgather", "shared_memory"}
     assert ALGORITHMS["barrier"] == ("dissemination", "tree")
     assert all(isinstance(v, tuple) and v for v in ALGORITHMS.values())
 

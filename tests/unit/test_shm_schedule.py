@@ -41,3 +41,16 @@ def test_chunk_size_keeps_the_segment_bounded():
     for n in (2, 8, 64, 1024):
         chunk = shm.chunk_elements(n, 4)
         assert shm.layout(n, chunk)[1] * 4 <= shm.SEGMENT_BYTES
+
+
+@pytest.mark.parametrize("n, count, chunk", list(itertools.product(
+    [1, 2, 3, 5, 8], [0, 1, 7, 100], [1, 3, 64])))
+def test_shared_memory_broadcast_from_every_root(n, count, chunk):
+    for root in range(n):
+        scheds = [shm.broadcast_shared_memory(r, n, count, root, chunk) for r in range(n)]
+        tmp = np.full(scheds[0].tmp_size, -1, np.int64)
+        inputs = [np.arange(count, dtype=np.int64) * 10 + r for r in range(n)]
+        bufs = [{"out": x.copy(), "in": np.empty(0, np.int64), "tmp": tmp} for x in inputs]
+        simulator.run(scheds, bufs, ReduceOp.SUM, rendezvous=True)
+        for b in bufs:
+            np.testing.assert_array_equal(b["out"], inputs[root])
