@@ -60,20 +60,33 @@ def _secret(env: Mapping[str, str], *fallback: object) -> bytes:
 
 
 def slurm_first_host(nodelist: str) -> str:
-    """The first host name of a Slurm node list such as ``node[03-05,7],gpu1``."""
-    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
-    if not m:
-        raise ValueError(f"cannot parse SLURM_NODELIST {nodelist!r}")
-    prefix, ranges = m.group(1), m.group(2)
-    if not ranges:
-        return prefix
-    return prefix + ranges.split(",")[0].split("-")[0]
+    """The first host name of a Slurm node list such as ``node[03-05,7],gpu1`` or
+    ``rack[1-2]-node[01-04]`` (the first value of every bracket group)."""
+    text = nodelist.strip()
+    if not text:
+        raise ValueError("empty SLURM_NODELIST")
+    out, i = [], 0
+    while i < len(text):
+        ch = text[i]
+        if ch == ",":
+            break
+        if ch == "[":
+            end = text.find("]", i)
+            if end < 0:
+                raise ValueError(f"cannot parse SLURM_NODELIST {nodelist!r}")
+            out.append(re.split(r"[,-]", text[i + 1:end])[0])
+            i = end + 1
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
 
 
-def _slurm_local_size(env: Mapping[str, str]) -> int | None:
-    v = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
+def _slurm_local_size(env: Mapping[str, str], world: int, nnodes: int) -> int:
+    v = (env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE")
+         or env.get("SLURM_TASKS_PER_NODE") or "")
     m = re.match(r"(\d+)", v)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if m else -(-world // max(1, nnodes))
 
 
 def detect(env: Mapping[str, str], *, rank: int | None = None, world_size: int | None = None,
@@ -111,8 +124,9 @@ def detect(env: Mapping[str, str], *, rank: int | None = None, world_size: int |
         r = _int(env, "SLURM_PROCID")
         ws = _int(env, "SLURM_NTASKS")
         lr = _int(env, "SLURM_LOCALID", default=r)
-        lws = _slurm_local_size(env) or ws
-        nnodes = _int(env, "SLURM_NNODES", "SLURM_JOB_NUM_NODES", default=1)
+        nnodes = _int(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES",
+                      default=1)
+        lws = _slurm_local_size(env, ws, nnodes)
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST") or ""
         addr = env.get("MASTER_ADDR") or (
             slurm_first_host(nodelist) if nnodes > 1 and nodelist else "127.0.0.1")
@@ -161,4 +175,7 @@ def detect(env: Mapping[str, str], *, rank: int | None = None, world_size: int |
     if not 0 <= r < ws:
         raise ValueError(f"rank {r} is outside 0..{ws - 1}")
     agent = launcher not in ("minidist", "none") and lr == 0 and not host and lws < ws
+    if lws < ws and addr in ("127.0.0.1", "localhost") and launcher in ("slurm", "mpirun"):
+        raise ValueError(f"this {launcher} job spans several nodes ({lws} of {ws} ranks "
+                         "here): set MASTER_ADDR to the address of the node of rank 0")
     return LaunchConfig(r, ws, lr, lws, addr, port, secret, host, launcher, agent)

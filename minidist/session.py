@@ -333,7 +333,9 @@ class Session:
                 and len(set(layout)) == 1 and nbytes >= SHM_BROADCAST_MIN_BYTES):
             forced = "shared_memory"  # one node, a large vector: one copy in, one out
         if kind == wire.Kind.ALL_REDUCE and forced is None:
-            if len(set(layout)) > 1:
+            if len(set(layout)) == g.size > 1:
+                pass  # one rank per node: nothing to do inside nodes, a flat algorithm
+            elif len(set(layout)) > 1:
                 forced = "hierarchical"  # the group spans nodes: reduce inside each first
             else:  # one node: the cost model picks
                 chunk = shm_algorithm.chunk_elements(g.size, flat.itemsize) * flat.itemsize

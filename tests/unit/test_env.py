@@ -70,3 +70,19 @@ def test_explicit_overrides():
 def test_bad_environments_are_clear_errors(env, kw):
     with pytest.raises(ValueError):
         detect(env, **kw)
+
+
+def test_slurm_without_tasks_per_node_divides_by_nodes():
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+           "SLURM_NNODES": "2", "SLURM_NODELIST": "rack[1-2]-node[01-04]"}
+    cfg = detect(env)
+    assert cfg.local_world_size == 4 and cfg.master_addr == "rack1-node01"
+    assert detect({**env, "SLURM_PROCID": "4", "SLURM_LOCALID": "0"}).host_agent
+
+
+def test_several_nodes_without_an_address_is_a_clear_error():
+    env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "8",
+           "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
+    with pytest.raises(ValueError, match="MASTER_ADDR"):
+        detect(env)
+    assert detect({**env, "MASTER_ADDR": "10.0.0.1"}).master_addr == "10.0.0.1"
