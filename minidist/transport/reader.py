@@ -11,6 +11,8 @@ import asyncio
 import socket
 from collections.abc import Callable
 
+import numpy as np
+
 from .. import wire
 from ..errors import ProtocolError
 from .mailbox import Mailbox, Posted
@@ -35,7 +37,7 @@ class FrameReader:
         # a payload being read straight into its destination
         self.dest: memoryview | None = None
         self.done = 0
-        self.pending: tuple[wire.Header, Posted | None, bytearray | None] | None = None
+        self.pending: tuple[wire.Header, Posted | None, np.ndarray | None] | None = None
         self.discarding = 0
         self.loop = asyncio.get_running_loop()
         self.closed = False
@@ -105,8 +107,8 @@ class FrameReader:
                 posted, dest, keep = None, None, None  # rejected by the receive's check
             elif posted is not None and posted.view is not None:
                 dest, keep = posted.view, None
-            else:  # not asked for yet, or of any size: keep the bytes
-                keep = bytearray(h.nbytes)
+            else:  # not asked for yet, or of any size: keep the bytes (not zero-filled)
+                keep = np.empty(h.nbytes, np.uint8)
                 dest = memoryview(keep)
             if dest is None:
                 self.start = body + have
@@ -131,7 +133,7 @@ class FrameReader:
         self.dest, self.pending, self.done = None, None, 0
         self._deliver(h, posted, keep)
 
-    def _deliver(self, h: wire.Header, posted: Posted | None, keep: bytearray | None) -> None:
+    def _deliver(self, h: wire.Header, posted: Posted | None, keep: np.ndarray | None) -> None:
         if posted is None:
             self.mailbox.deposit(h, keep)
         elif posted.future.done():
