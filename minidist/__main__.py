@@ -1,4 +1,5 @@
-"""The ``minidist`` command line: ``minidist run -n N script.py [args...]``."""
+"""The ``minidist`` command line: ``minidist run -n N script.py [args...]``,
+``minidist bench COLLECTIVE -n N [--vs gloo|mpi]``."""
 
 from __future__ import annotations
 
@@ -37,17 +38,54 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="minidist", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
+    from .bench.cli import add_parser as _bench_parser
+
+    _bench_parser(sub)
+    cal = sub.add_parser("calibrate", help="measure this machine for the cost model",
+                         description="Measure the cost per message and per byte of "
+                         "minidist's socket and shared-memory paths on this machine and "
+                         "save them where every job reads them (MINIDIST_CALIBRATION, "
+                         "default ~/.cache/minidist/calibration.json).")
+    cal.add_argument("--quick", action="store_true", help="a rougher, faster measurement")
+    cal.add_argument("--no-save", action="store_true", help="print only")
     a = parser.parse_args(argv)
     if a.command == "run":
         from .launcher import RunOptions, run
 
-        return run(RunOptions(nproc=a.nproc, target=a.script, args=a.args, module=a.module,
-                              start_method=a.start_method, nnodes=a.nnodes,
-                              node_rank=a.node_rank, master_addr=a.master_addr,
-                              master_port=a.master_port, grace=a.grace,
-                              prefix=not a.no_prefix))
+        try:
+            return run(RunOptions(nproc=a.nproc, target=a.script, args=a.args,
+                                  module=a.module, start_method=a.start_method,
+                                  nnodes=a.nnodes, node_rank=a.node_rank,
+                                  master_addr=a.master_addr, master_port=a.master_port,
+                                  grace=a.grace, prefix=not a.no_prefix))
+        except (OSError, ValueError) as e:  # a taken port, a bad option: one clear line
+            print(f"minidist run: {e}", file=sys.stderr)
+            return 1
+    if a.command == "calibrate":
+        return _calibrate(a)
+    if a.command == "bench":
+        from .bench.cli import run_bench
+
+        return run_bench(a)
     parser.error(f"unknown command {a.command}")
     return 2
+
+
+def _calibrate(a: argparse.Namespace) -> int:
+    from . import calibrate
+    from .algorithms import cost
+
+    c = calibrate.measure(quick=a.quick)
+    for k, v in c.to_dict().items():
+        print(f"{k:8s} {v:.3g}" if isinstance(v, float) else f"{k:8s} {v}")
+    sizes = (8, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
+    print("all_reduce choice by size (bytes) and ranks:")
+    print("ranks " + "".join(f"{s:>20d}" for s in sizes))
+    for n in (2, 4, 8, 64):
+        print(f"{n:5d} " + "".join(f"{cost.choose(n, s, c):>20s}" for s in sizes))
+    if not a.no_save:
+        print(f"saved to {calibrate.save(c)}")
+    return 0
 
 
 if __name__ == "__main__":

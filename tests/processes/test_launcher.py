@@ -137,3 +137,25 @@ def test_asyncio_api_inside_a_running_loop():
         rc = job.wait(60)
     assert rc == 0, job.err[-3000:]
     assert job.out.count("AIO OK") == 3 and "ticks>0=False" not in job.out
+
+
+def test_a_taken_port_is_one_clear_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "minidist", "run", "-n", "2", "--master-port",
+                            str(port), str(SCRIPTS / "alone.py")], capture_output=True,
+                           text=True, env=clean_env(), timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.strip().count("\n") == 0 and "MINIDIST_PORT" in r.stderr, r.stderr
+
+
+def test_calibrate_command_saves_a_calibration(tmp_path):
+    where = tmp_path / "cal.json"
+    r = subprocess.run([sys.executable, "-m", "minidist", "calibrate", "--quick"],
+                       capture_output=True, text=True, timeout=90,
+                       env=clean_env(MINIDIST_CALIBRATION=str(where)))
+    assert r.returncode == 0, r.stderr
+    assert where.exists() and "alpha_s" in where.read_text()
+    assert "shared_memory" in r.stdout or "ring" in r.stdout

@@ -1,0 +1,191 @@
+"""``minidist bench COLLECTIVE -n N [--vs gloo|mpi] ...``: the nccl-tests table."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import time
+
+from . import report
+from .report import COLLECTIVES, DTYPES
+
+EPILOG = """\
+examples:
+  minidist bench all_reduce -n 8 --min-bytes 8 --max-bytes 64M --factor 4
+  minidist bench all_reduce -n 4 --min-bytes 4 --max-bytes 64M --factor 4 --vs gloo,mpi
+  minidist bench broadcast -n 8 --min-bytes 16M --max-bytes 16M --vs gloo --json out.json
+  minidist bench barrier -n 64 --vs gloo --plot barrier.png
+
+size = bytes of the whole vector (all_gather: the gathered output; reduce_scatter: the
+input), time = max over ranks of the mean per-iteration time, algbw = size / time,
+busbw = algbw x 2(n-1)/n (all_reduce), (n-1)/n (all_gather, reduce_scatter), 1
+(broadcast). 'x gloo' = gloo time / minidist time = minidist busbw / gloo busbw.
+"""
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "bench", help="time collectives over a range of sizes (nccl-tests style table), "
+        "optionally beside gloo and MPI",
+        description="Time a collective over a range of sizes on N processes of this node "
+        "and print size, count, type, time, algbw and busbw per size, as nccl-tests does. "
+        "--vs runs torch's gloo or MPI over the same sizes and adds a ratio column.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("collective", choices=COLLECTIVES)
+    p.add_argument("-n", "--nproc", dest="nproc", type=int, default=2,
+                   help="processes (ranks) on this node (default 2)")
+    p.add_argument("-b", "--min-bytes", default="8",
+                   help="smallest size, with an optional K/M/G suffix (default 8)")
+    p.add_argument("-e", "--max-bytes", default="64M",
+                   help="largest size, with an optional K/M/G suffix (default 64M)")
+    p.add_argument("-f", "--factor", type=float, default=2.0,
+                   help="multiply the size by this between rows (default 2)")
+    p.add_argument("-d", "--dtype", choices=DTYPES, default="float32",
+                   help="element type (default float32)")
+    p.add_argument("--iters", type=int, default=20, help="timed calls per size (default 20)")
+    p.add_argument("-w", "--warmup", type=int, default=5,
+                   help="untimed calls per size before timing (default 5)")
+    p.add_argument("--algorithm", default=None,
+                   help="minidist's algorithm= for every call (default: minidist chooses "
+                   "by size); the other systems choose their own")
+    p.add_argument("-c", "--check", action="store_true",
+                   help="after timing, check one call's result on every rank (#wrong column)")
+    p.add_argument("--vs", action="append", metavar="SYSTEM",
+                   help="also run gloo (torch) or mpi (mpi4py + mpirun) over the same sizes "
+                   "and add the ratio column; repeat or use a comma for both")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                   help="write the results as JSON: alone, to stdout instead of the table; "
+                   "with FILE, to FILE (the table is still printed)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="plot busbw and latency against size, one line per system "
+                   "(needs matplotlib)")
+    p.add_argument("--timeout", type=float, default=900.0,
+                   help="seconds each system's job may take before it is killed "
+                   "(default 900)")
+    return p
+
+
+def _fail(msg: str) -> int:
+    print(f"minidist bench: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def run_bench(a: argparse.Namespace) -> int:
+    """Validate, run minidist then each --vs system, print the table; the exit code."""
+    try:
+        vs = report.parse_systems(a.vs)
+        lo, hi = report.parse_size(a.min_bytes), report.parse_size(a.max_bytes)
+        sizes = report.size_sweep(lo, hi, a.factor)
+    except ValueError as e:
+        return _fail(str(e))
+    if a.nproc < 1:
+        return _fail("-n must be at least 1")
+    if a.iters < 1 or a.warmup < 0:
+        return _fail("--iters must be at least 1 and --warmup at least 0")
+    if a.algorithm:
+        from .. import algorithms
+
+        known = algorithms.ALGORITHMS[a.collective]
+        if a.algorithm not in known:
+            return _fail(f"unknown {a.collective} algorithm {a.algorithm!r}; choose one of "
+                         f"{', '.join(known)}")
+    from . import runner
+
+    for system in vs:
+        why = runner.missing(system)
+        if why:
+            return _fail(why)
+    if a.plot:
+        why = report.matplotlib_missing()
+        if why:
+            return _fail(why)
+
+    counts = report.element_counts(a.collective, sizes, a.nproc, report.ITEMSIZE[a.dtype])
+    results = report.Results(a.collective, a.nproc, a.dtype, counts, a.iters, a.warmup,
+                             a.algorithm, a.check, ["minidist", *vs],
+                             machine=runner.machine_info(vs))
+    cfg = {"collective": a.collective, "n": a.nproc, "dtype": a.dtype, "counts": counts,
+           "iters": a.iters, "warmup": a.warmup, "algorithm": a.algorithm,
+           "check": a.check}
+    failed = False
+    try:
+        with _stop_on_signals():
+            failed = _run_systems(results, cfg, a.timeout)
+    except KeyboardInterrupt:
+        print("minidist bench: interrupted; every job was stopped", file=sys.stderr)
+        return 130
+    results.machine["load_after"] = runner.load_average()
+
+    if a.json == "-":
+        sys.stdout.write(report.dumps(results))
+    else:
+        sys.stdout.write(report.format_table(results))
+        if a.json:
+            with open(a.json, "w") as f:
+                f.write(report.dumps(results))
+    sys.stdout.flush()
+    if a.plot:
+        report.plot(results, a.plot)
+        _note(f"plot written to {a.plot}")
+    if failed:
+        return 1
+    if a.check and results.wrong_total():
+        print(f"minidist bench: {results.wrong_total()} wrong elements", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _note(text: str) -> None:
+    print(f"# {text}", file=sys.stderr, flush=True)
+
+
+def _progress(system: str):
+    def on_event(event: dict) -> None:
+        if event.get("event") == "row" and sys.stderr.isatty():
+            print(f"#   {system}: count {event['count']}: {event['time_us']:.1f} us",
+                  file=sys.stderr, flush=True)
+    return on_event
+
+
+def _run_systems(results: report.Results, cfg: dict, timeout: float) -> bool:
+    """Run every system's job in turn into ``results``; True if one failed."""
+    from . import runner
+
+    failed = False
+    for system in results.systems:
+        started = time.monotonic()
+        _note(f"{system}: {cfg['collective']} on {cfg['n']} processes, "
+              f"{len(cfg['counts'])} size{'s' if len(cfg['counts']) != 1 else ''}")
+        job = None
+        try:
+            job = runner.run_system(system, cfg, timeout, _progress(system))
+        except runner.BenchError as e:
+            failed = True
+            results.errors[system] = e.short
+            print(f"minidist bench: {e}", file=sys.stderr)
+            job = e.job  # the rows it printed before it failed still count
+        if job is not None:
+            results.data[system] = job.measurements()
+            results.info[system] = job.info()
+        _note(f"{system}: {'failed after' if system in results.errors else 'done in'} "
+              f"{time.monotonic() - started:.1f} s")
+    return failed
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """SIGTERM and SIGHUP interrupt like Ctrl-C, so that the jobs get stopped."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):
+            previous[sig] = signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,413 @@
+"""The pure parts of ``minidist bench``: sizes, counts, bandwidths, the table, JSON, plot.
+
+Conventions are those of nccl-tests, so that the numbers read the same way:
+
+* ``size`` is the bytes of the collective's whole vector: the buffer of all_reduce and
+  broadcast, the gathered output of all_gather, the input of reduce_scatter (so a rank
+  of all_gather sends, and one of reduce_scatter receives, ``size / n`` bytes).
+* ``algbw = size / time`` and ``busbw = algbw * factor``, in GB/s (10^9 bytes), with
+  factor ``2(n-1)/n`` for all_reduce, ``(n-1)/n`` for all_gather and reduce_scatter and
+  1 for broadcast. busbw is comparable across n: it is what each rank's link carried.
+* ``time`` is the mean time of one iteration on a rank, the largest over the ranks.
+
+The ratio column ``x SYSTEM`` is ``SYSTEM time / minidist time``. For the same size and
+n this is also ``minidist busbw / SYSTEM busbw`` (the factor and the size cancel), so one
+column serves latency-bound and bandwidth-bound sizes alike: above 1, minidist is faster.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier")
+SYSTEMS = ("minidist", "gloo", "mpi")
+# dtypes that numpy, torch (gloo) and MPI all carry
+DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64")
+ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
+            "int32": 4, "int64": 8}
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``"64M"``, ``"1K"``, ``"8"``, ``"1.5G"``, ``"4KiB"``, ``"16MB"``.
+
+    Suffixes are binary, as in nccl-tests: K = 1024, M = 1024^2, G = 1024^3 (T too);
+    an optional ``B`` or ``iB`` may follow. ValueError for anything else, for a negative
+    size, or for a fraction that is not a whole number of bytes.
+    """
+    if isinstance(text, bool):
+        raise ValueError(f"not a size: {text!r}")
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"a size cannot be negative: {text}")
+        return text
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ValueError(f"not a size: {text!r} (use a number of bytes with an optional "
+                         "K, M or G suffix, e.g. 8, 1K, 64M)")
+    number, unit = m.group(1), m.group(2).lower()
+    scale = _UNITS[unit]
+    if "." in number:
+        value = float(number) * scale
+        if value != int(value):
+            raise ValueError(f"{text!r} is not a whole number of bytes")
+        return int(value)
+    return int(number) * scale
+
+
+def format_size(nbytes: int) -> str:
+    """``67108864`` -> ``"64M"``; sizes that are not whole K/M/G stay in bytes."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def size_sweep(min_bytes: int, max_bytes: int, factor: float = 2.0) -> list[int]:
+    """min, min*factor, ... up to and including max (like nccl-tests' ``-b -e -f``)."""
+    if min_bytes < 0 or max_bytes < 0:
+        raise ValueError("sizes cannot be negative")
+    if max_bytes < min_bytes:
+        raise ValueError(f"--max-bytes ({max_bytes}) is smaller than --min-bytes "
+                         f"({min_bytes})")
+    if min_bytes == max_bytes:
+        return [min_bytes]
+    if not factor > 1:
+        raise ValueError(f"--factor must be greater than 1, not {factor}")
+    if min_bytes == 0:
+        raise ValueError("--min-bytes must be at least 1 for a sweep")
+    sizes, size = [], float(min_bytes)
+    while size <= max_bytes * (1 + 1e-12):
+        sizes.append(int(round(size)))
+        size *= factor
+    return sizes
+
+
+def element_count(collective: str, nbytes: int, n: int, itemsize: int) -> int:
+    """Elements of the whole vector for a requested size (see the module docstring).
+
+    At least one element (one per rank for all_gather and reduce_scatter, whose vector
+    is ``n`` equal blocks, so it is rounded down to a multiple of ``n``).
+    """
+    count = nbytes // itemsize
+    if collective in ("all_gather", "reduce_scatter"):
+        return max(1, count // n) * n
+    if collective == "barrier":
+        return 0
+    return max(1, count)
+
+
+def element_counts(collective: str, sizes: Iterable[int], n: int, itemsize: int) -> list[int]:
+    """The distinct element counts of a sweep, in order (rounding may merge sizes)."""
+    if collective == "barrier":
+        return [0]
+    out: list[int] = []
+    for s in sizes:
+        c = element_count(collective, s, n, itemsize)
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def bus_factor(collective: str, n: int) -> float | None:
+    """busbw / algbw for ``n`` ranks (nccl-tests' factors); None for barrier."""
+    if n < 1:
+        raise ValueError(f"n must be at least 1, not {n}")
+    if collective == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    if collective == "broadcast":
+        return 1.0
+    if collective == "barrier":
+        return None
+    raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+
+
+def bandwidths(collective: str, n: int, nbytes: int, time_us: float
+               ) -> tuple[float | None, float | None]:
+    """(algbw, busbw) in GB/s for one size; (None, None) for barrier or a zero time."""
+    factor = bus_factor(collective, n)
+    if factor is None or not time_us or time_us <= 0:
+        return None, None
+    algbw = nbytes / (time_us * 1e-6) / 1e9
+    return algbw, algbw * factor
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass
+class Measurement:
+    """One system at one size: the max over ranks of the mean iteration time."""
+
+    time_us: float
+    wrong: int | None = None  # elements wrong after a checked call (None: not checked)
+
+
+@dataclass
+class Results:
+    """What one invocation measured: every system, every size."""
+
+    collective: str
+    n: int
+    dtype: str
+    counts: list[int]
+    iters: int
+    warmup: int
+    algorithm: str | None = None
+    check: bool = False
+    systems: list[str] = field(default_factory=lambda: ["minidist"])
+    # system -> element count -> measurement
+    data: dict[str, dict[int, Measurement]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, dict[str, Any]] = field(default_factory=dict)  # system -> details
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.dtype]
+
+    def nbytes(self, count: int) -> int:
+        return count * self.itemsize
+
+    def get(self, system: str, count: int) -> Measurement | None:
+        return self.data.get(system, {}).get(count)
+
+    def ratio(self, system: str, count: int) -> float | None:
+        """``system`` time / minidist time (= minidist busbw / ``system`` busbw)."""
+        mine, other = self.get("minidist", count), self.get(system, count)
+        if mine is None or other is None or mine.time_us <= 0:
+            return None
+        return other.time_us / mine.time_us
+
+    @property
+    def others(self) -> list[str]:
+        return [s for s in self.systems if s != "minidist"]
+
+    def wrong_total(self) -> int:
+        return sum(m.wrong or 0 for per in self.data.values() for m in per.values())
+
+
+# ----------------------------------------------------------------------------- table
+
+
+def _num(value: float | None, digits: int) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def _time(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if value < 1e5 else f"{value:.0f}"
+
+
+def header_lines(r: Results) -> list[str]:
+    """The ``#`` lines above the table: what ran, where, and how to read it."""
+    vs = f"  vs {', '.join(r.others)}" if r.others else ""
+    alg = r.algorithm or "auto"
+    lines = [f"# minidist bench {r.collective}  n={r.n}  dtype={r.dtype}  iters={r.iters}  "
+             f"warmup={r.warmup}  algorithm={alg}  check={'on' if r.check else 'off'}{vs}"]
+    if r.machine:
+        lines.append("# machine: " + machine_line(r.machine))
+    factor = {"all_reduce": "2(n-1)/n", "all_gather": "(n-1)/n", "reduce_scatter": "(n-1)/n",
+              "broadcast": "1"}.get(r.collective)
+    if factor:
+        lines.append(f"# time: max over ranks of the mean per-iteration time; "
+                     f"algbw = size/time; busbw = algbw x {factor}")
+    else:
+        lines.append("# time: max over ranks of the mean time of one barrier")
+    for s in r.others:
+        lines.append(f"# x {s} = {s} time / minidist time (= minidist busbw / {s} busbw); "
+                     f"> 1: minidist is faster")
+    return lines
+
+
+def table_lines(r: Results) -> list[str]:
+    """The nccl-tests style table (no ``#`` header), one row per size."""
+    check = r.check
+    if r.collective == "barrier":
+        cols = [(s, "time(us)") for s in r.systems]
+        heads1 = [f"{s:>12}" for s in r.systems] + [f"{'x ' + s:>10}" for s in r.others]
+        heads2 = [f"{'time(us)':>12}" for _ in r.systems]
+        lines = ["#" + "".join(heads1)[1:], "#" + "".join(heads2)[1:]]
+        row = [f"{_time(m.time_us if (m := r.get(s, 0)) else None):>12}" for s, _ in cols]
+        row += [f"{_num(r.ratio(s, 0), 2):>10}" for s in r.others]
+        lines.append("".join(row))
+        return lines
+
+    sys_w = 34 if not check else 41
+    h1 = f"{'':>12}{'':>12}{'':>9}" + "".join(f"{s:^{sys_w}}" for s in r.systems)
+    h1 += "".join(f"{'':>10}" for _ in r.others)
+    cells = f"{'time':>12}{'algbw':>11}{'busbw':>11}" + (f"{'#wrong':>7}" if check else "")
+    units = f"{'(us)':>12}{'(GB/s)':>11}{'(GB/s)':>11}" + (f"{'':>7}" if check else "")
+    h2 = f"{'size':>12}{'count':>12}{'type':>9}" + cells * len(r.systems)
+    h2 += "".join(f"{'x ' + s:>10}" for s in r.others)
+    h3 = f"{'(B)':>12}{'(elements)':>12}{'':>9}" + units * len(r.systems)
+    h3 += "".join(f"{'':>10}" for _ in r.others)
+    lines = ["#" + h1.rstrip()[1:], "#" + h2[1:], "#" + h3.rstrip()[1:]]
+    for count in r.counts:
+        nbytes = r.nbytes(count)
+        row = f"{nbytes:>12}{count:>12}{r.dtype:>9}"
+        for s in r.systems:
+            m = r.get(s, count)
+            if m is None:
+                row += f"{'-':>12}{'-':>11}{'-':>11}" + (f"{'-':>7}" if check else "")
+                continue
+            algbw, busbw = bandwidths(r.collective, r.n, nbytes, m.time_us)
+            row += f"{_time(m.time_us):>12}{_num(algbw, 3):>11}{_num(busbw, 3):>11}"
+            if check:
+                row += f"{'-' if m.wrong is None else m.wrong:>7}"
+        row += "".join(f"{_num(r.ratio(s, count), 2):>10}" for s in r.others)
+        lines.append(row)
+    return lines
+
+
+def footer_lines(r: Results) -> list[str]:
+    """Average busbw per system over the sizes it ran, and any failure."""
+    lines = []
+    if r.collective != "barrier":
+        avgs = []
+        for s in r.systems:
+            bws = [bandwidths(r.collective, r.n, r.nbytes(c), m.time_us)[1]
+                   for c in r.counts if (m := r.get(s, c))]
+            bws = [b for b in bws if b is not None]
+            if bws:
+                avgs.append(f"{s} {sum(bws) / len(bws):.3f} GB/s")
+        if avgs:
+            lines.append("# Avg bus bandwidth: " + ", ".join(avgs))
+    if r.check and r.collective != "barrier":
+        lines.append(f"# Out of bounds values: {r.wrong_total()} "
+                     f"{'OK' if r.wrong_total() == 0 else 'FAILED'}")
+    for s, err in r.errors.items():
+        lines.append(f"# {s} FAILED: {err}")
+    return lines
+
+
+def format_table(r: Results) -> str:
+    """Header, table and footer, as ``minidist bench`` prints them."""
+    return "\n".join([*header_lines(r), "#", *table_lines(r), "#", *footer_lines(r)]) + "\n"
+
+
+def machine_line(m: Mapping[str, Any]) -> str:
+    parts = []
+    if m.get("cpus"):
+        parts.append(f"{m['cpus']} cpus" + (f" ({m['cpu_model']})" if m.get("cpu_model") else ""))
+    if m.get("mem_gib"):
+        parts.append(f"{m['mem_gib']:.1f} GiB")
+    if m.get("os"):
+        parts.append(m["os"])
+    for key in ("python", "numpy", "torch", "uvloop", "mpi4py", "mpi"):
+        if key in m:
+            parts.append(f"{key} {m[key] if m[key] else 'not installed'}")
+    for key in ("load_before", "load_after"):
+        if m.get(key):
+            parts.append(f"{key.replace('_', ' ')} {' '.join(f'{x:.2f}' for x in m[key])}")
+    return ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------- JSON
+
+
+def to_json(r: Results) -> dict[str, Any]:
+    """A JSON-ready document with every measurement and the derived figures."""
+    rows = []
+    for count in r.counts:
+        nbytes = r.nbytes(count)
+        row: dict[str, Any] = {"size": nbytes, "count": count, "results": {}, "ratio": {}}
+        for s in r.systems:
+            m = r.get(s, count)
+            if m is None:
+                continue
+            algbw, busbw = bandwidths(r.collective, r.n, nbytes, m.time_us)
+            row["results"][s] = {"time_us": m.time_us, "algbw_gbs": algbw, "busbw_gbs": busbw,
+                                 "wrong": m.wrong}
+        for s in r.others:
+            row["ratio"][s] = r.ratio(s, count)
+        rows.append(row)
+    return {
+        "collective": r.collective, "n": r.n, "dtype": r.dtype, "iters": r.iters,
+        "warmup": r.warmup, "algorithm": r.algorithm, "check": r.check,
+        "bus_factor": bus_factor(r.collective, r.n), "systems": r.systems,
+        "machine": r.machine, "system_info": r.info, "rows": rows, "errors": r.errors,
+    }
+
+
+def dumps(r: Results) -> str:
+    return json.dumps(to_json(r), indent=2) + "\n"
+
+
+# ----------------------------------------------------------------------------- plot
+
+
+def matplotlib_missing() -> str | None:
+    """None when matplotlib can be imported, else the message to show."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return ("--plot needs matplotlib, which is not installed (it is optional): "
+                "pip install matplotlib")
+    return None
+
+
+def plot(r: Results, path: str) -> None:
+    """busbw and latency against size, one line per system (a bar chart for barrier)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    title = f"{r.collective}, n={r.n}, {r.dtype}"
+    if r.collective == "barrier":
+        fig, ax = plt.subplots(figsize=(5, 4))
+        names = [s for s in r.systems if r.get(s, 0)]
+        ax.bar(names, [r.get(s, 0).time_us for s in names])
+        ax.set_ylabel("latency (us)")
+        ax.set_title(title)
+    else:
+        fig, (bw, lat) = plt.subplots(1, 2, figsize=(11, 4.2))
+        for s in r.systems:
+            xs = [r.nbytes(c) for c in r.counts if r.get(s, c)]
+            ms = [r.get(s, c) for c in r.counts if r.get(s, c)]
+            if not ms:
+                continue
+            bus = [bandwidths(r.collective, r.n, x, m.time_us)[1] for x, m in zip(xs, ms)]
+            bw.plot(xs, bus, marker="o", label=s)
+            lat.plot(xs, [m.time_us for m in ms], marker="o", label=s)
+        for ax in (bw, lat):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("size (bytes)")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend()
+        lat.set_yscale("log")
+        bw.set_ylabel("busbw (GB/s)")
+        lat.set_ylabel("time (us)")
+        bw.set_title(f"bus bandwidth: {title}")
+        lat.set_title(f"latency: {title}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_systems(values: Sequence[str] | None) -> list[str]:
+    """``--vs gloo --vs mpi`` or ``--vs gloo,mpi`` -> ["gloo", "mpi"] (no duplicates)."""
+    out: list[str] = []
+    for v in values or ():
+        for name in v.split(","):
+            name = name.strip().lower()
+            if not name:
+                continue
+            if name not in ("gloo", "mpi"):
+                raise ValueError(f"--vs: unknown system {name!r}; choose gloo or mpi")
+            if name not in out:
+                out.append(name)
+    return out
