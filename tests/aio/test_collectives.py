@@ -272,3 +272,27 @@ async def test_large_broadcast_goes_through_shared_memory(n):
             assert all((a == root).all() for a in arrays)
     finally:
         await stop_job(sessions)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "tree"])
+async def test_large_messages_travel_in_segments(algorithm):
+    n = 3
+    sessions = await start_job(n, timeout=60)
+    try:
+        count = 1_500_007  # 6 MB of float32: segments of 1 MiB, reduced as they land
+        rng = np.random.default_rng(5)
+        inputs = [rng.integers(-9, 9, count).astype(np.float32) for _ in range(n)]
+        arrays = [a.copy() for a in inputs]
+        await all_reduce(sessions, arrays, ReduceOp.SUM, algorithm)
+        want = np.sum(inputs, axis=0)
+        for a in arrays:
+            np.testing.assert_array_equal(a, want)
+        assert len({a.tobytes() for a in arrays}) == 1
+        outs = [np.empty(count * n, np.float32) for _ in sessions]
+        preps = [s.prepare_all_gather(o, x, None, "ring")
+                 for s, o, x in zip(sessions, outs, inputs)]
+        await asyncio.gather(*(s.execute(p) for s, p in zip(sessions, preps)))
+        for o in outs:
+            np.testing.assert_array_equal(o, np.concatenate(inputs))
+    finally:
+        await stop_job(sessions)
