@@ -272,67 +272,40 @@ class Engine:
         for step in schedule.steps:
             if active.error is not None:
                 raise active.error
-            recvs: list[tuple[str, int, int, int, asyncio.Future]] = []
-            sends: list[tuple[int, Send, int, int]] = []
-            split = False
+            recvs = []
+            sends = []
             for c in step.comms:
-                segs = _segments(c.hi - c.lo, itemsize)
-                split = split or len(segs) > 1
-                peer = ranks[c.peer]
-                for j, (a, b) in enumerate(segs):
-                    if isinstance(c, Recv):
-                        key = (peer, call.group.id, call.seq, c.tag * MAX_SEGMENTS + j, False)
-                        active.keys.append(key)
-                        fut = self.mailbox.post(key, _bytes(bufs[c.buf][c.lo + a:c.lo + b]),
-                                                self._checker(call, (b - a) * itemsize))
-                        recvs.append((c.buf, c.lo + a, c.lo + b, peer, fut))
-                    else:
-                        sends.append((peer, c, j, a, b))
-            if not split:  # small messages: send, wait, then compute
-                for peer, c, j, a, b in sends:
-                    await self._send(call, peer, c, j, a, b, bufs, itemsize)
-                for _buf, _lo, _hi, peer, fut in recvs:
-                    waiting.add(peer)
-                    await fut
-                    waiting.discard(peer)
-                for c in step.compute:
-                    _compute(c, op, bufs)
-            else:  # large ones: compute each segment as soon as its data has arrived
-                sending = asyncio.ensure_future(self._send_all(call, sends, bufs, itemsize))
-                try:
-                    for piece in _pieces(step.compute, itemsize):
-                        for buf, lo, hi, peer, fut in recvs:
-                            if not fut.done() and _touches(piece, buf, lo, hi):
-                                waiting.add(peer)
-                                await fut
-                                waiting.discard(peer)
-                        if not sending.done() and any(
-                                _writes(piece, c.buf, c.lo + a, c.lo + b)
-                                for _p, c, _j, a, b in sends):
-                            await sending
-                        _compute(piece, op, bufs)
-                    for _buf, _lo, _hi, peer, fut in recvs:
-                        waiting.add(peer)
-                        await fut
-                        waiting.discard(peer)
-                    await sending
-                finally:
-                    if not sending.done():
-                        sending.cancel()
+                src = ranks[c.peer]
+                if isinstance(c, Recv):
+                    key = (src, call.group.id, call.seq, c.tag, False)
+                    view = _bytes(bufs[c.buf][c.lo:c.hi])
+                    active.keys.append(key)
+                    recvs.append((src, self.mailbox.post(
+                        key, view, self._checker(call, (c.hi - c.lo) * itemsize))))
+                else:
+                    sends.append(c)
+            for s in sends:
+                await self._send(call, ranks[s.peer], s, bufs, itemsize)
+            for src, fut in recvs:
+                waiting.add(src)
+                await fut
+                waiting.discard(src)
             active.keys.clear()
+            for c in step.compute:
+                if isinstance(c, Reduce):
+                    ops.reduce_into(op, bufs[c.dst][c.dst_lo:c.dst_lo + c.n],
+                                    bufs[c.a][c.a_lo:c.a_lo + c.n],
+                                    bufs[c.b][c.b_lo:c.b_lo + c.n])
+                elif isinstance(c, Copy):
+                    np.copyto(bufs[c.dst][c.dst_lo:c.dst_lo + c.n],
+                              bufs[c.src][c.src_lo:c.src_lo + c.n])
 
-    async def _send_all(self, call: Call, sends: list, bufs: dict[str, np.ndarray],
-                        itemsize: int) -> None:
-        for peer, c, j, a, b in sends:
-            await self._send(call, peer, c, j, a, b, bufs, itemsize)
-
-    async def _send(self, call: Call, dst: int, s: Send, j: int, a: int, b: int,
-                    bufs: dict[str, np.ndarray], itemsize: int) -> None:
-        payload = bufs[s.buf][s.lo + a:s.lo + b]
+    async def _send(self, call: Call, dst: int, s: Send, bufs: dict[str, np.ndarray],
+                    itemsize: int) -> None:
+        payload = bufs[s.buf][s.lo:s.hi]
         header = wire.encode_header(wire.Header(
             call.kind, call.dtype, call.op, call.algorithm, call.group.id, call.seq,
-            self.rank, call.root, s.tag * MAX_SEGMENTS + j, call.shape, call.count,
-            payload.size * itemsize))
+            self.rank, call.root, s.tag, call.shape, call.count, payload.size * itemsize))
         await self.endpoint.send(dst, header, _bytes(payload) if payload.size else None)
 
     def _checker(self, call: Call, nbytes: int):
@@ -382,56 +355,3 @@ class Engine:
 
 def _bytes(a: np.ndarray) -> memoryview:
     return memoryview(a).cast("B")
-
-
-# Large messages travel as segments of at least SEGMENT_BYTES (at most MAX_SEGMENTS of
-# them), each its own frame, so that a rank reduces one segment while the next arrives.
-# Both ends split a message the same way; frames carry tag * MAX_SEGMENTS + segment.
-SEGMENT_BYTES = 1 << 20
-MAX_SEGMENTS = 256
-
-
-def _segments(n: int, itemsize: int) -> list[tuple[int, int]]:
-    if n * itemsize < 2 * SEGMENT_BYTES:
-        return [(0, n)]
-    per = max(SEGMENT_BYTES // itemsize, -(-n // MAX_SEGMENTS))
-    return [(i, min(i + per, n)) for i in range(0, n, per)]
-
-
-def _pieces(compute, itemsize: int):
-    """The step's computations, large ones cut at segment boundaries (in order)."""
-    per = SEGMENT_BYTES // itemsize
-    for c in compute:
-        if c.n <= 2 * per:
-            yield c
-            continue
-        for i in range(0, c.n, per):
-            k = min(per, c.n - i)
-            if isinstance(c, Reduce):
-                yield Reduce(c.dst, c.dst_lo + i, c.a, c.a_lo + i, c.b, c.b_lo + i, k)
-            else:
-                yield Copy(c.dst, c.dst_lo + i, c.src, c.src_lo + i, k)
-
-
-def _ranges(c) -> list[tuple[str, int, int]]:
-    if isinstance(c, Reduce):
-        return [(c.dst, c.dst_lo, c.dst_lo + c.n), (c.a, c.a_lo, c.a_lo + c.n),
-                (c.b, c.b_lo, c.b_lo + c.n)]
-    return [(c.dst, c.dst_lo, c.dst_lo + c.n), (c.src, c.src_lo, c.src_lo + c.n)]
-
-
-def _touches(c, buf: str, lo: int, hi: int) -> bool:
-    return any(b == buf and lo < h and l_ < hi for b, l_, h in _ranges(c))
-
-
-def _writes(c, buf: str, lo: int, hi: int) -> bool:
-    b, l_, h = _ranges(c)[0]
-    return b == buf and lo < h and l_ < hi
-
-
-def _compute(c, op: ReduceOp, bufs: dict[str, np.ndarray]) -> None:
-    if isinstance(c, Reduce):
-        ops.reduce_into(op, bufs[c.dst][c.dst_lo:c.dst_lo + c.n],
-                        bufs[c.a][c.a_lo:c.a_lo + c.n], bufs[c.b][c.b_lo:c.b_lo + c.n])
-    else:
-        np.copyto(bufs[c.dst][c.dst_lo:c.dst_lo + c.n], bufs[c.src][c.src_lo:c.src_lo + c.n])
