@@ -21,7 +21,7 @@ from .algorithms import shm as shm_algorithm
 from .algorithms.schedule import Schedule
 from .engine import Call, Engine
 from .env import LaunchConfig
-from .errors import NotInGroupError, RendezvousError
+from .errors import NotInGroupError, PeerLostError, RendezvousError
 from .group import NON_GROUP_MEMBER, WORLD_ID, Group, group_id
 from .ops import ReduceOp
 from .rendezvous.agent import NodeAgent
@@ -126,9 +126,11 @@ class Session:
                 welcome = await self.client.register(cfg.rank, cfg.world_size,
                                                      cfg.local_rank, deadline - loop.time())
                 break
-            except RendezvousError as e:
-                # reached the rendezvous of a previous init that is shutting down
-                if not getattr(e, "retry", False) or loop.time() > deadline:
+            except (RendezvousError, PeerLostError) as e:
+                # reached the rendezvous of a previous init that is shutting down (it
+                # refuses us, or closes while we wait): the next one will come
+                retry = getattr(e, "retry", False) or isinstance(e, PeerLostError)
+                if not retry or loop.time() > deadline:
                     raise
                 await self.client.close(graceful=False)
                 await asyncio.sleep(0.05)

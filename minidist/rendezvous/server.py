@@ -387,11 +387,13 @@ class RendezvousServer:
                 return refuse("the job already has all its ranks")
         if not isinstance(rank, int) or not 0 <= rank < self.world_size:
             return refuse(f"rank {rank} is outside 0..{self.world_size - 1}")
-        if self._welcomed and rank in self.left and not self.generations:
+        old = self._clients.get(rank)
+        departed = rank in self.left or (old is not None and old.said_bye)
+        if self._welcomed and departed and not self.generations:
             c.send({"t": "error", "retry": True,
                     "msg": "this rendezvous belongs to a previous init; a new one will follow"})
             return
-        if self._welcomed and rank in self.left and not self.lost:
+        if self._welcomed and departed and not self.lost:
             # a rank that destroyed its group and calls init again: it joins the next
             # generation of the job, formed once every rank of this one has left
             self._next.append((c, rank, b))
