@@ -369,35 +369,37 @@ def broadcast_object(obj: Any, src: int = 0, group: GroupArg = None) -> Any:
     return obj if me == src else pickle.loads(buf.tobytes())
 
 
-def all_gather_object(obj: Any, group: GroupArg = None) -> list[Any]:
-    """Every rank's ``obj``, in group-rank order, on every rank (pickled)."""
-    n = get_world_size(group)
+def _padded(obj: Any, group: GroupArg) -> tuple[np.ndarray, np.ndarray, int]:
+    """(every rank's pickled size, this rank's pickle padded to the largest, that width)."""
     data = _pickle(obj)
-    sizes = np.empty(n, np.int64)
+    sizes = np.empty(get_world_size(group), np.int64)
     all_gather(sizes, np.array([data.size], np.int64), group)
     width = int(sizes.max())
     padded = np.zeros(width, np.uint8)
     padded[:data.size] = data
-    out = np.empty(width * n, np.uint8)
+    return sizes, padded, width
+
+
+def _unpickle_all(out: np.ndarray, sizes: np.ndarray, width: int) -> list[Any]:
+    return [pickle.loads(out[i * width:i * width + int(n)].tobytes())
+            for i, n in enumerate(sizes)]
+
+
+def all_gather_object(obj: Any, group: GroupArg = None) -> list[Any]:
+    """Every rank's ``obj``, in group-rank order, on every rank (pickled)."""
+    sizes, padded, width = _padded(obj, group)
+    out = np.empty(width * sizes.size, np.uint8)
     all_gather(out, padded, group)
-    return [pickle.loads(out[i * width:i * width + int(sizes[i])].tobytes()) for i in range(n)]
+    return _unpickle_all(out, sizes, width)
 
 
 def gather_object(obj: Any, dst: int = 0, group: GroupArg = None) -> list[Any] | None:
     """Every rank's ``obj`` in group-rank order on global rank ``dst``; None elsewhere."""
-    n = get_world_size(group)
-    data = _pickle(obj)
-    sizes = np.empty(n, np.int64)
-    all_gather(sizes, np.array([data.size], np.int64), group)
-    width = int(sizes.max())
-    padded = np.zeros(width, np.uint8)
-    padded[:data.size] = data
+    sizes, padded, width = _padded(obj, group)
     mine = get_rank() == dst
-    out = np.empty(width * n, np.uint8) if mine else None
+    out = np.empty(width * sizes.size, np.uint8) if mine else None
     gather(padded, out, dst, group)
-    if not mine:
-        return None
-    return [pickle.loads(out[i * width:i * width + int(sizes[i])].tobytes()) for i in range(n)]
+    return _unpickle_all(out, sizes, width) if mine else None
 
 
 def scatter_object(objs: list[Any] | None, src: int = 0, group: GroupArg = None) -> Any:

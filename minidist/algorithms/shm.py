@@ -30,6 +30,19 @@ COLLECTIVE = "all_reduce"
 BARRIER_TAGS = 64  # tags used by one barrier (a dissemination barrier needs log2 n)
 
 
+def _barrier_then(rank: int, size: int, k: int, compute: list) -> list[Step]:
+    """Barrier number ``k`` (a dissemination barrier, its own tags), then ``compute``."""
+    sync = barrier.dissemination(rank, size, 0, 0).steps
+    if not sync:
+        return [step(compute=compute)]
+    out = []
+    for i, st in enumerate(sync):
+        comms = [type(c)(c.peer, c.tag + k * BARRIER_TAGS, c.buf, c.lo, c.hi)
+                 for c in st.comms]
+        out.append(step(comms, compute if i == len(sync) - 1 else ()))
+    return out
+
+
 def layout(size: int, chunk: int) -> tuple[int, int]:
     """(elements of one bank, elements of the whole area) for ``size`` ranks."""
     bank = (size + 1) * chunk
@@ -87,7 +100,6 @@ def shared_memory(rank: int, size: int, count: int, chunk: int) -> Schedule:
 
     steps: list[Step] = [step(compute=copy_in(0))]
     for k in range(m + 1):
-        sync = barrier.dissemination(rank, size, 0, 0).steps
         compute: list[Reduce | Copy] = []
         if k >= 1:
             compute += copy_out(k - 1)
@@ -95,12 +107,7 @@ def shared_memory(rank: int, size: int, count: int, chunk: int) -> Schedule:
             compute += reduce_share(k)
         if k + 1 < m:
             compute += copy_in(k + 1)
-        for i, st in enumerate(sync):
-            comms = [type(c)(c.peer, c.tag + k * BARRIER_TAGS, c.buf, c.lo, c.hi)
-                     for c in st.comms]
-            steps.append(step(comms, compute if i == len(sync) - 1 else ()))
-        if not sync:
-            steps.append(step(compute=compute))
+        steps += _barrier_then(rank, size, k, compute)
     return dataclasses.replace(
         build(COLLECTIVE, "shared_memory", rank, size, count, 0, steps, tmp_size=area,
               out_size=count), shared_tmp=True)
@@ -141,14 +148,8 @@ def broadcast_shared_memory(rank: int, size: int, count: int, root: int,
 
     steps: list[Step] = [step(compute=copy_in(0))]
     for k in range(m):
-        sync = barrier.dissemination(rank, size, 0, 0).steps
-        compute = copy_out(k) + (copy_in(k + 1) if k + 1 < m else [])
-        for i, st in enumerate(sync):
-            comms = [type(c)(c.peer, c.tag + k * BARRIER_TAGS, c.buf, c.lo, c.hi)
-                     for c in st.comms]
-            steps.append(step(comms, compute if i == len(sync) - 1 else ()))
-        if not sync:
-            steps.append(step(compute=compute))
+        steps += _barrier_then(rank, size, k, copy_out(k) + (copy_in(k + 1) if k + 1 < m
+                                                             else []))
     return dataclasses.replace(
         build("broadcast", "shared_memory", rank, size, count, root, steps,
               tmp_size=2 * chunk, out_size=count), shared_tmp=True)

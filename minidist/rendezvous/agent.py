@@ -18,6 +18,7 @@ import socket
 from .. import wire
 from ..errors import DistTimeoutError, ProtocolError, RendezvousError
 from ..transport import addresses
+from ..transport.acceptor import Acceptor
 from ..transport.handoff import hand_over
 from ..transport.sockets import PeerClosed, accept_handshake, connect_handshake, send_all, tune_tcp
 from .client import node_identity
@@ -27,7 +28,7 @@ from .server import HANDSHAKE_TIMEOUT, HEARTBEAT, HEARTBEAT_TIMEOUT, bind_listen
 log = logging.getLogger("minidist.agent")
 
 
-class NodeAgent:
+class NodeAgent(Acceptor):
     """Serves one node of a job whose rendezvous runs at ``master``."""
 
     def __init__(self, secret: bytes, master_addr: str, master_port: int,
@@ -151,27 +152,6 @@ class NodeAgent:
             write_control(self._up, {"t": "hb"})
 
     # ------------------------------------------------------------------ local side
-
-    def _spawn(self, coro) -> asyncio.Task:
-        t = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
-        return t
-
-    async def _accept_loop(self, listener: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        while not self._closed:
-            try:
-                sock, _ = await loop.sock_accept(listener)
-            except OSError:
-                if self._closed:
-                    return
-                await asyncio.sleep(0.05)
-                continue
-            sock.setblocking(False)
-            if sock.family == socket.AF_INET:
-                tune_tcp(sock)
-            self._spawn(self._session(sock))
 
     async def _session(self, sock: socket.socket) -> None:
         tcp = sock.family != socket.AF_UNIX

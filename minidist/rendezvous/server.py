@@ -19,8 +19,9 @@ from typing import Any
 from .. import wire
 from ..errors import ProtocolError
 from ..transport import addresses
+from ..transport.acceptor import Acceptor
 from ..transport.handoff import hand_over
-from ..transport.sockets import PeerClosed, accept_handshake, send_all, tune_tcp
+from ..transport.sockets import PeerClosed, accept_handshake, send_all
 from .client import node_identity
 from .control import read_control, write_control
 from .store import KeyValueStore
@@ -113,7 +114,7 @@ def bind_listeners(host: str, port: int, job: str | None) -> list[socket.socket]
     return out
 
 
-class RendezvousServer:
+class RendezvousServer(Acceptor):
     """Serves one job. ``port`` 0 picks a free port; ``unix`` also listens on the agent's
     Unix address for processes of this node. With ``generations`` (a launcher that
     outlives its ranks), ranks that destroyed and init again form a new generation of
@@ -199,27 +200,6 @@ class RendezvousServer:
                 c.send({"t": "lost", "rank": rank, "reason": reason})
 
     # ------------------------------------------------------------------ connections
-
-    def _spawn(self, coro) -> asyncio.Task:
-        t = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
-        return t
-
-    async def _accept_loop(self, listener: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        while not self._closed:
-            try:
-                sock, _ = await loop.sock_accept(listener)
-            except OSError:
-                if self._closed:
-                    return
-                await asyncio.sleep(0.05)
-                continue
-            sock.setblocking(False)
-            if sock.family == socket.AF_INET:
-                tune_tcp(sock)
-            self._spawn(self._session(sock))
 
     async def _session(self, sock: socket.socket) -> None:
         try:
