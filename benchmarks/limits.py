@@ -6,7 +6,8 @@
   (a forked sender ``sendall``s a preallocated buffer, the receiver ``recv_into``s a
   preallocated buffer: the best a socket ring step can do);
 * ping-pong: the round trip of an 8-byte message over each (blocking sockets), the floor
-  under a small collective's latency.
+  under a small collective's latency: unpinned, then both processes pinned to one core
+  (each message is a context switch) and to two cores (each is a cross-core wake-up).
 
 Each figure is measured ``--repeat`` times; the table gives the best and the median
 (on a shared machine the best is the machine, the median is the machine plus neighbours).
@@ -110,11 +111,19 @@ def stream(family: str, total: int, chunk: int, repeat: int) -> list[float]:
     return results
 
 
-def pingpong(family: str, rounds: int, repeat: int) -> list[float]:
-    """Microseconds of one 8-byte round trip (mean over ``rounds``), ``repeat`` times."""
+def pingpong(family: str, rounds: int, repeat: int,
+             cpus: tuple[int, int] | None = None) -> list[float]:
+    """Microseconds of one 8-byte round trip (mean over ``rounds``), ``repeat`` times.
+
+    ``cpus``: pin this process and the echoing one to these CPUs (the same CPU twice:
+    every message is a context switch; two CPUs: every message is a cross-CPU wake-up).
+    """
     a, b = _pair(family)
+    saved = os.sched_getaffinity(0) if cpus else None
 
     def echo() -> None:
+        if cpus:
+            os.sched_setaffinity(0, {cpus[1]})
         b.close()  # the parent's end: closing it there must mean EOF here
         msg = bytearray(8)
         while True:
@@ -124,6 +133,8 @@ def pingpong(family: str, rounds: int, repeat: int) -> list[float]:
 
     pid = _child(echo)
     a.close()
+    if cpus:
+        os.sched_setaffinity(0, {cpus[0]})
     msg, back = b"\x01" * 8, bytearray(8)
     results = []
     try:
@@ -139,6 +150,8 @@ def pingpong(family: str, rounds: int, repeat: int) -> list[float]:
     finally:
         b.close()
         os.waitpid(pid, 0)
+        if saved:
+            os.sched_setaffinity(0, saved)
     return results
 
 
@@ -164,10 +177,16 @@ def main(argv: list[str] | None = None) -> int:
             label = "Unix socket" if family == "unix" else "TCP loopback"
             rows.append((f"one {label} stream, {a.chunk_kib} KiB sends", "GB/s", vals))
     if "pingpong" in parts:
+        placements: list[tuple[str, tuple[int, int] | None]] = [("", None)]
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) >= 2:
+            placements += [(", one core", (cpus[0], cpus[0])),
+                           (", two cores", (cpus[0], cpus[1]))]
         for family in ("unix", "tcp"):
-            vals = pingpong(family, a.rounds, a.repeat)
             label = "Unix socket" if family == "unix" else "TCP loopback"
-            rows.append((f"8-byte round trip, {label}, blocking", "us", vals))
+            for where, pin in placements:
+                vals = pingpong(family, a.rounds, a.repeat, pin)
+                rows.append((f"8-byte round trip, {label}{where}", "us", vals))
 
     load = [round(x, 2) for x in os.getloadavg()]
     print(f"# {os.cpu_count()} cpus, python {platform.python_version()}, numpy "

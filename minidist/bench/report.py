@@ -227,8 +227,8 @@ def header_lines(r: Results) -> list[str]:
     else:
         lines.append("# time: max over ranks of the mean time of one barrier")
     for s in r.others:
-        lines.append(f"# x {s} = {s} time / minidist time (= minidist busbw / {s} busbw); "
-                     f"> 1: minidist is faster")
+        same = f" (= minidist busbw / {s} busbw)" if factor else ""
+        lines.append(f"# x {s} = {s} time / minidist time{same}; > 1: minidist is faster")
     return lines
 
 
@@ -300,6 +300,8 @@ def format_table(r: Results) -> str:
 
 def machine_line(m: Mapping[str, Any]) -> str:
     parts = []
+    if m.get("minidist"):
+        parts.append(f"minidist {m['minidist']}")
     if m.get("cpus"):
         parts.append(f"{m['cpus']} cpus" + (f" ({m['cpu_model']})" if m.get("cpu_model") else ""))
     if m.get("mem_gib"):
@@ -309,9 +311,8 @@ def machine_line(m: Mapping[str, Any]) -> str:
     for key in ("python", "numpy", "torch", "uvloop", "mpi4py", "mpi"):
         if key in m:
             parts.append(f"{key} {m[key] if m[key] else 'not installed'}")
-    for key in ("load_before", "load_after"):
-        if m.get(key):
-            parts.append(f"{key.replace('_', ' ')} {' '.join(f'{x:.2f}' for x in m[key])}")
+    if m.get("load_before"):  # (the load after counts the benchmark's own processes)
+        parts.append(f"load average before {' '.join(f'{x:.2f}' for x in m['load_before'])}")
     return ", ".join(parts)
 
 
@@ -344,6 +345,19 @@ def to_json(r: Results) -> dict[str, Any]:
 
 def dumps(r: Results) -> str:
     return json.dumps(to_json(r), indent=2) + "\n"
+
+
+def from_json(doc: Mapping[str, Any]) -> Results:
+    """The Results a :func:`to_json` document came from (to print or plot it again)."""
+    counts = [row["count"] for row in doc["rows"]]
+    r = Results(doc["collective"], doc["n"], doc["dtype"], counts, doc["iters"],
+                doc["warmup"], doc.get("algorithm"), doc.get("check", False),
+                list(doc["systems"]), machine=dict(doc.get("machine", {})),
+                info=dict(doc.get("system_info", {})), errors=dict(doc.get("errors", {})))
+    for row in doc["rows"]:
+        for s, m in row["results"].items():
+            r.data.setdefault(s, {})[row["count"]] = Measurement(m["time_us"], m.get("wrong"))
+    return r
 
 
 # ----------------------------------------------------------------------------- plot

@@ -359,6 +359,9 @@ def run_system(system: str, cfg: dict[str, Any], timeout: float,
     except BenchError as e:
         e.job = job
         raise
+    except BaseException:  # Ctrl-C or SIGTERM, maybe while the ranks were starting
+        job.kill()
+        raise
     return job
 
 
@@ -372,6 +375,22 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def revision() -> str | None:
+    """The git commit of the minidist being measured (+dirty if minidist/ has changes
+    outside this benchmark tool)."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=10", "HEAD"],
+                              capture_output=True, text=True, timeout=10)
+        if head.returncode:
+            return None
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--",
+                                "minidist", ":!minidist/bench"],
+                               capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def load_average() -> list[float] | None:
     """The 1, 5 and 15 minute load averages (a busy shared machine shows here)."""
     try:
@@ -382,7 +401,7 @@ def load_average() -> list[float] | None:
 
 def machine_info(systems: list[str] | None = None) -> dict[str, Any]:
     """The machine and the versions that matter, read without importing torch."""
-    info: dict[str, Any] = {"cpus": os.cpu_count()}
+    info: dict[str, Any] = {"minidist": revision(), "cpus": os.cpu_count()}
     with contextlib.suppress(AttributeError, OSError):
         info["cpus"] = len(os.sched_getaffinity(0))
     with contextlib.suppress(OSError):

@@ -248,7 +248,7 @@ class Mpi(System):
         import mpi4py
 
         return {"mpi4py": mpi4py.__version__,
-                "library": self.MPI.Get_library_version().splitlines()[0].strip()}
+                "library": self.MPI.Get_library_version().strip("\x00 \n").splitlines()[0]}
 
     def barrier(self) -> None:
         self.comm.Barrier()

@@ -177,6 +177,8 @@ def test_json_document():
     assert first["ratio"]["gloo"] == pytest.approx(3.0)
     assert doc["rows"][-1]["ratio"]["gloo"] is None
     assert "gloo" not in doc["rows"][-1]["results"]
+    again = report.from_json(doc)
+    assert report.format_table(again) == report.format_table(r)
 
 
 def test_plot(tmp_path):
