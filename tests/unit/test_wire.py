@@ -118,3 +118,24 @@ def test_control_decoder_rejects_garbage_and_oversize():
     not_object = wire.encode_control({"t": "x"}).replace(b'{"t":"x"}', b'["t","x"]')
     with pytest.raises(ProtocolError, match="object"):
         wire.ControlDecoder().feed(not_object)
+
+
+def test_wire_is_pure():
+    """The wire layer imports no socket, asyncio or other I/O module, and nothing above it."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(wire.__file__).read_text())
+    forbidden = {"socket", "asyncio", "threading", "selectors", "ssl", "os", "uvloop", "mmap"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""]
+            if node.level:
+                assert node.module == "errors", f"wire imports .{node.module}"
+                continue
+        else:
+            continue
+        for name in names:
+            assert name.split(".")[0] not in forbidden, f"wire imports {name}"
