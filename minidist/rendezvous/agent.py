@@ -18,12 +18,11 @@ import socket
 from .. import wire
 from ..errors import DistTimeoutError, ProtocolError, RendezvousError
 from ..transport import addresses
-from ..transport.acceptor import Acceptor
-from ..transport.handoff import hand_over
-from ..transport.sockets import PeerClosed, accept_handshake, connect_handshake, send_all, tune_tcp
+from ..transport.acceptor import HANDSHAKE_TIMEOUT, Acceptor
+from ..transport.sockets import PeerClosed, connect_handshake, tune_tcp
 from .client import node_identity
 from .control import read_control, write_control
-from .server import HANDSHAKE_TIMEOUT, HEARTBEAT, HEARTBEAT_TIMEOUT, bind_listeners
+from .server import HEARTBEAT, HEARTBEAT_TIMEOUT, bind_listeners
 
 log = logging.getLogger("minidist.agent")
 
@@ -155,18 +154,9 @@ class NodeAgent(Acceptor):
 
     async def _session(self, sock: socket.socket) -> None:
         tcp = sock.family != socket.AF_UNIX
-        try:
-            hello = await accept_handshake(
-                sock, self.secret, wire.Role.AGENT,
-                wire.Role.PEER if tcp else wire.Role.PROCESS, -1, HANDSHAKE_TIMEOUT,
-                ack=False)
-            if tcp:  # a rank of another node, for a rank of this one
-                await hand_over(sock, hello, self.job, self.secret, HANDSHAKE_TIMEOUT)
-                return
-            await send_all(sock, [wire.encode_ack(wire.AckStatus.OK)])
-        except (OSError, ProtocolError, TimeoutError, PeerClosed) as e:
-            log.info("node agent dropped a connection: %s", e)
-            sock.close()
+        # TCP brings ranks of other nodes; the Unix socket, this node's ranks
+        if await self._greet(sock, (wire.Role.PEER,) if tcp else (wire.Role.PROCESS,),
+                             "node agent") is None:
             return
         reader, writer = await asyncio.open_connection(sock=sock)
         cid = next(self._ids)

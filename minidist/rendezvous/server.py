@@ -20,15 +20,13 @@ from .. import wire
 from ..errors import ProtocolError
 from ..transport import addresses
 from ..transport.acceptor import Acceptor
-from ..transport.handoff import hand_over
-from ..transport.sockets import PeerClosed, accept_handshake, send_all
 from .client import node_identity
 from .control import read_control, write_control
 from .store import KeyValueStore
 
 log = logging.getLogger("minidist.rendezvous")
 
-HANDSHAKE_TIMEOUT = 10.0
+
 QUERY_TIMEOUT = 3.0
 HEARTBEAT = 1.0  # seconds between heartbeats to and from node agents
 HEARTBEAT_TIMEOUT = 5.0  # silence after which a node is declared lost
@@ -202,17 +200,9 @@ class RendezvousServer(Acceptor):
     # ------------------------------------------------------------------ connections
 
     async def _session(self, sock: socket.socket) -> None:
-        try:
-            hello = await accept_handshake(sock, self.secret, wire.Role.AGENT,
-                                           (wire.Role.PROCESS, wire.Role.AGENT, wire.Role.PEER),
-                                           -1, HANDSHAKE_TIMEOUT, ack=False)
-            if hello.role == wire.Role.PEER:  # a rank of another node, for a rank of ours
-                await hand_over(sock, hello, self.job, self.secret, HANDSHAKE_TIMEOUT)
-                return
-            await send_all(sock, [wire.encode_ack(wire.AckStatus.OK)])
-        except (OSError, ProtocolError, TimeoutError, PeerClosed) as e:
-            log.info("rendezvous dropped a connection: %s", e)
-            sock.close()
+        hello = await self._greet(sock, (wire.Role.PROCESS, wire.Role.AGENT, wire.Role.PEER),
+                                  "rendezvous")
+        if hello is None:
             return
         reader, writer = await asyncio.open_connection(sock=sock)
         if hello.role == wire.Role.AGENT:

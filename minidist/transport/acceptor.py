@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import Coroutine
 from typing import Any
 
-from .sockets import tune_tcp
+from .. import wire
+from ..errors import ProtocolError
+from .handoff import hand_over
+from .sockets import PeerClosed, accept_handshake, send_all, tune_tcp
+
+log = logging.getLogger("minidist.transport")
+HANDSHAKE_TIMEOUT = 10.0
 
 
 class Acceptor:
@@ -17,6 +24,8 @@ class Acceptor:
 
     _tasks: set[asyncio.Task]
     _closed: bool
+    secret: bytes
+    job: str
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         t = asyncio.get_running_loop().create_task(coro)
@@ -41,3 +50,21 @@ class Acceptor:
 
     async def _session(self, sock: socket.socket) -> None:
         raise NotImplementedError
+
+    async def _greet(self, sock: socket.socket, roles: tuple[wire.Role, ...],
+                     what: str) -> wire.Hello | None:
+        """Check a new connection's hello. A rank of another node is handed over to the
+        rank it is for (None); a rank or agent of this job is acked (its Hello); a
+        stranger is dropped (None)."""
+        try:
+            hello = await accept_handshake(sock, self.secret, wire.Role.AGENT, roles, -1,
+                                           HANDSHAKE_TIMEOUT, ack=False)
+            if hello.role == wire.Role.PEER:
+                await hand_over(sock, hello, self.job, self.secret, HANDSHAKE_TIMEOUT)
+                return None
+            await send_all(sock, [wire.encode_ack(wire.AckStatus.OK)])
+            return hello
+        except (OSError, ProtocolError, TimeoutError, PeerClosed) as e:
+            log.info("%s dropped a connection: %s", what, e)
+            sock.close()
+            return None
