@@ -26,11 +26,21 @@ def path() -> Path:
                 or Path.home() / ".cache" / "minidist" / "calibration.json")
 
 
+_loaded: dict[tuple[str, int], Costs] = {}  # (file, mtime) -> what it holds
+
+
 def load() -> Costs:
     """The saved calibration, or the defaults if there is none (or it is unreadable)."""
+    where = path()
     try:
-        data = json.loads(path().read_text())
-        return Costs(**{k: data[k] for k in Costs.__dataclass_fields__ if k in data})
+        key = (str(where), where.stat().st_mtime_ns)
+        costs = _loaded.get(key)
+        if costs is None:
+            data = json.loads(where.read_text())
+            costs = Costs(**{k: data[k] for k in Costs.__dataclass_fields__ if k in data})
+            _loaded.clear()
+            _loaded[key] = costs
+        return costs
     except (OSError, ValueError, TypeError):
         return DEFAULT
 

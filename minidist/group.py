@@ -22,7 +22,7 @@ class Group:
     _index: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self._index.update({r: i for i, r in enumerate(self.ranks)})
+        self._index.update(zip(self.ranks, range(len(self.ranks))))
 
     @property
     def size(self) -> int:

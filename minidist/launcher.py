@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import os
 import secrets
@@ -28,8 +29,10 @@ import sys
 from dataclasses import dataclass, field
 
 from . import shm
+from .env import DEFAULT_TIMEOUT
 from .rendezvous.agent import NodeAgent
 from .rendezvous.server import RendezvousServer, bind_listeners
+from .runtime import new_event_loop
 from .transport import addresses
 
 KILL_AFTER = 5.0
@@ -127,6 +130,7 @@ class Launcher:
         self.port = self._listeners[-1].getsockname()[1]
         if o.start_method == "fork":
             _preload()
+            gc.freeze()  # the children's collections leave the shared pages alone
         sys.stdout.flush()
         sys.stderr.flush()
         for local in range(o.nproc):
@@ -202,6 +206,9 @@ class Launcher:
                 loop.remove_signal_handler(sig)
             self._kill_all(signal.SIGKILL)
             if server is not None:
+                if self.first_failure is None:  # ranks of other nodes may still be at work
+                    await server.wait_all_left(
+                        float(os.environ.get("MINIDIST_TIMEOUT", DEFAULT_TIMEOUT)))
                 await server.close()
             if agent is not None:
                 await agent.close()
@@ -310,7 +317,9 @@ def _preload() -> None:
 
     import numpy  # noqa: F401
 
-    from . import api  # noqa: F401
+    from . import api, calibrate  # noqa: F401
+
+    calibrate.load()  # read once here, not by every rank
 
     with contextlib.suppress(ImportError):
         import uvloop  # noqa: F401
@@ -368,4 +377,5 @@ def run(opts: RunOptions) -> int:
     """Run a job with the given options; return its exit code."""
     launcher = Launcher(opts)
     launcher.start_ranks()
-    return asyncio.run(launcher.run())
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(launcher.run())

@@ -81,6 +81,7 @@ class Session:
         self.agent: NodeAgent | None = None
         self.local_store: KeyValueStore | None = None
         self.nodes: list[int] = [0] * cfg.world_size
+        self._one_node = True
         self._group_counts: dict[tuple[int, ...], int] = {}
         self.job = addresses.job_key(cfg.secret)
         self.shm_enabled = shm.available() and os.environ.get("MINIDIST_SHM", "1") != "0"
@@ -135,9 +136,10 @@ class Session:
                 await self.client.close(graceful=False)
                 await asyncio.sleep(0.05)
         self.nodes = list(welcome["nodes"])
+        self._one_node = max(self.nodes) == 0
         agents = welcome.get("agents") or []
         me = self.nodes[cfg.rank]
-        for r, node in enumerate(self.nodes):
+        for r, node in ([] if self._one_node else enumerate(self.nodes)):
             if node != me and node < len(agents) and agents[node] is not None:
                 host, port = agents[node]
                 self.endpoint.remote[r] = (host or cfg.master_addr, port)
@@ -167,14 +169,7 @@ class Session:
 
     def new_group(self, ranks: list[int] | None = None) -> Group | object:
         """See :func:`minidist.new_group`."""
-        ws = self.cfg.world_size
-        given = list(range(ws)) if ranks is None else [r for r in ranks]
-        for r in given:
-            if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 0 <= r < ws:
-                raise ValueError(f"new_group: rank {r!r} is outside 0..{ws - 1}")
-        members = tuple(sorted(int(r) for r in given))
-        if len(set(members)) != len(members):
-            raise ValueError(f"new_group: duplicate ranks in {given}")
+        members = _members(ranks, self.cfg.world_size)
         ordinal = self._group_counts.get(members, 0)
         self._group_counts[members] = ordinal + 1
         if self.rank not in members:
@@ -446,8 +441,14 @@ class Session:
         """The node of each rank of ``g``, numbered from 0 in order of appearance."""
         layout = self._layouts.get(g.id)
         if layout is None:
-            seen: dict[int, int] = {}
-            layout = tuple(seen.setdefault(self.nodes[r], len(seen)) for r in g.ranks)
+            if self._one_node:
+                layout = (0,) * g.size
+            else:
+                nodes = np.asarray(self.nodes)[list(g.ranks)]
+                _, first, inverse = np.unique(nodes, return_index=True, return_inverse=True)
+                order = np.empty(len(first), np.int64)
+                order[np.argsort(first)] = np.arange(len(first))
+                layout = tuple(order[inverse].tolist())
             self._layouts[g.id] = layout
         return layout
 
@@ -531,3 +532,25 @@ def _flat(array: object, what: str) -> tuple[np.ndarray, np.ndarray]:
     if array.flags.c_contiguous:
         return array, array.reshape(-1)
     return array, np.ascontiguousarray(array).reshape(-1)
+
+
+def _members(ranks: object, world_size: int) -> tuple[int, ...]:
+    """The sorted global ranks of a new group (all of them for None); ValueError for a
+    rank outside the world, a duplicate, or something that is not a rank."""
+    if ranks is None:
+        return tuple(range(world_size))
+    given = np.asarray(list(ranks))
+    if given.size == 0:
+        return ()
+    if given.ndim != 1 or given.dtype.kind not in "iu":
+        bad = next((r for r in given.ravel().tolist()
+                    if isinstance(r, bool) or not isinstance(r, int)), given)
+        raise ValueError(f"new_group: rank {bad!r} is not an integer rank")
+    members = np.sort(given)
+    if members[0] < 0 or members[-1] >= world_size:
+        bad = members[0] if members[0] < 0 else members[-1]
+        raise ValueError(f"new_group: rank {int(bad)} is outside 0..{world_size - 1}")
+    if members.size > 1 and np.any(members[1:] == members[:-1]):
+        dup = int(members[1:][members[1:] == members[:-1]][0])
+        raise ValueError(f"new_group: duplicate ranks in {list(ranks)} (rank {dup})")
+    return tuple(members.tolist())

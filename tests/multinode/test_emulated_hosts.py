@@ -178,3 +178,14 @@ def test_other_launchers_across_hosts(hosts, kind):
     for rc, _out, err in results:
         assert rc == 0, err[-3000:]
     assert "ALL COLLECTIVES OK" in results[0][1]
+
+
+@pytest.mark.parametrize("hosts", [2], indirect=True)
+def test_the_first_node_waits_for_the_others_to_finish(hosts):
+    # the rendezvous lives with the first node's launcher: it must outlast that node's
+    # ranks while ranks of other nodes still run
+    procs = launch(hosts, 2, SCRIPTS / "first_node_leaves.py")
+    results = finish(procs, 60)
+    for rc, _out, err in results:
+        assert rc == 0, err[-3000:]
+    assert results[1][1].count("rounds=") == 2
