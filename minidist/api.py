@@ -222,10 +222,10 @@ def _any_group(s: Session, group: GroupArg) -> Group:
 
 def _run(p: Prepared, async_op: bool) -> Work | None:
     s, r = _current()
-    work = Work(r.submit(s.execute(p)))
     if async_op:
-        return work
-    work.wait()
+        return Work(r.submit(s.execute(p)))
+    s.send_first(p, r.loop)
+    r.wait_for(s.execute(p))
     return None
 
 

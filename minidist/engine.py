@@ -229,9 +229,30 @@ class Engine:
 
     # ------------------------------------------------------------------ execution
 
+    def send_first(self, call: Call, schedule: Schedule, bufs: dict[str, np.ndarray],
+                   loop: asyncio.AbstractEventLoop) -> frozenset[int]:
+        """From the caller's thread, before :meth:`run`: write the first step's small
+        frames to peers already connected over Unix sockets, so that they need not wait
+        for the loop to wake up. Returns the indexes (in the first step's comms) of the
+        sends done; :meth:`run` skips them."""
+        if not schedule.steps or self.endpoint is None:
+            return frozenset()
+        ranks = call.group.ranks
+        itemsize = next(iter(bufs.values())).itemsize
+        done = []
+        for i, c in enumerate(schedule.steps[0].comms):
+            if isinstance(c, Send):
+                conn = self.endpoint.connected(ranks[c.peer])
+                if conn is not None and conn.unix and ranks[c.peer] not in self.lost:
+                    header, payload = self._frame(call, c, bufs, itemsize)
+                    if conn.send_now(loop, header, payload):
+                        done.append(i)
+        return frozenset(done)
+
     async def run(self, call: Call, schedule: Schedule, bufs: dict[str, np.ndarray],
-                  op: ReduceOp, timeout: float) -> None:
-        """Execute ``schedule`` on ``bufs`` (flat arrays by name), with a deadline."""
+                  op: ReduceOp, timeout: float, sent: frozenset[int] = frozenset()) -> None:
+        """Execute ``schedule`` on ``bufs`` (flat arrays by name), with a deadline;
+        ``sent``: the first step's sends that :meth:`send_first` did."""
         group = call.group
         lost = [r for r in group.ranks if r in self.lost]
         if lost:
@@ -249,7 +270,7 @@ class Engine:
             if early is not None:
                 raise early
             async with asyncio.timeout(timeout):
-                await self._execute(active, schedule, bufs, op, waiting)
+                await self._execute(active, schedule, bufs, op, waiting, sent)
         except TimeoutError:
             raise await self._timeout_error(call, timeout, waiting) from None
         except CollectiveMismatchError as e:
@@ -265,7 +286,7 @@ class Engine:
                 self.mailbox.drop_early(group.id, call.seq)
 
     async def _execute(self, active: _Active, schedule: Schedule, bufs: dict[str, np.ndarray],
-                       op: ReduceOp, waiting: set[int]) -> None:
+                       op: ReduceOp, waiting: set[int], sent: frozenset[int]) -> None:
         call = active.call
         ranks = call.group.ranks
         itemsize = next(iter(bufs.values())).itemsize
@@ -274,7 +295,7 @@ class Engine:
                 raise active.error
             recvs = []
             sends = []
-            for c in step.comms:
+            for i, c in enumerate(step.comms):
                 src = ranks[c.peer]
                 if isinstance(c, Recv):
                     key = (src, call.group.id, call.seq, c.tag, False)
@@ -282,8 +303,9 @@ class Engine:
                     active.keys.append(key)
                     recvs.append((src, self.mailbox.post(
                         key, view, self._checker(call, (c.hi - c.lo) * itemsize))))
-                else:
+                elif i not in sent:
                     sends.append(c)
+            sent = frozenset()  # only the first step's
             for s in sends:
                 await self._send(call, ranks[s.peer], s, bufs, itemsize)
             for src, fut in recvs:
@@ -302,11 +324,15 @@ class Engine:
 
     async def _send(self, call: Call, dst: int, s: Send, bufs: dict[str, np.ndarray],
                     itemsize: int) -> None:
+        await self.endpoint.send(dst, *self._frame(call, s, bufs, itemsize))
+
+    def _frame(self, call: Call, s: Send, bufs: dict[str, np.ndarray],
+               itemsize: int) -> tuple[bytes, memoryview | None]:
         payload = bufs[s.buf][s.lo:s.hi]
         header = wire.encode_header(wire.Header(
             call.kind, call.dtype, call.op, call.algorithm, call.group.id, call.seq,
             self.rank, call.root, s.tag, call.shape, call.count, payload.size * itemsize))
-        await self.endpoint.send(dst, header, _bytes(payload) if payload.size else None)
+        return header, _bytes(payload) if payload.size else None
 
     def _checker(self, call: Call, nbytes: int):
         """A check of a frame's header against this rank's call (and the payload length

@@ -57,10 +57,15 @@ def dtype_from_code(code: int) -> np.dtype:
     raise ValueError(f"unknown dtype code {code}")
 
 
+def as_op(op: ReduceOp | int) -> ReduceOp:
+    """``op`` as a ReduceOp (ValueError if it names none)."""
+    return op if type(op) is ReduceOp else ReduceOp(op)
+
+
 def check_op(op: ReduceOp, dtype: np.dtype) -> None:
     """Raise TypeError if ``op`` is not defined on ``dtype``."""
     dtype = np.dtype(dtype)
-    op = ReduceOp(op)
+    op = as_op(op)
     if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
         if dtype.kind not in "biu":
             raise TypeError(f"{op.name} needs an integer or bool array, not {dtype}")

@@ -40,6 +40,27 @@ class Runtime:
         """Run a coroutine on the loop; its result or exception arrives in the future."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
+    def wait_for(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the loop and wait for it, at the least cost per call (the
+        blocking collectives' path; the coroutine owns its deadline)."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("blocking minidist call from inside its own event loop; "
+                               "use minidist.aio there instead")
+        done = threading.Lock()
+        done.acquire()
+        tasks: list[asyncio.Task] = []
+
+        def finished(task: asyncio.Task) -> None:
+            tasks.append(task)
+            done.release()
+
+        def start() -> None:
+            self.loop.create_task(coro).add_done_callback(finished)
+
+        self.loop.call_soon_threadsafe(start)
+        done.acquire()
+        return tasks[0].result()
+
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine on the loop and wait for it (the coroutine owns its deadline)."""
         if threading.current_thread() is self._thread:

@@ -43,6 +43,7 @@ class Prepared:
     op: ReduceOp
     user: np.ndarray | None = None  # the caller's array when ``bufs`` hold a copy
     finish: bool = False
+    sent: frozenset[int] = frozenset()  # first-step sends done from the caller's thread
 
 
 P2P_TAG_LIMIT = 1 << 31  # tags from 2**31 up are minidist's own
@@ -195,7 +196,7 @@ class Session:
                            algorithm: str | None) -> Prepared:
         g = self.group(group, "all_reduce")
         user, flat = _flat(array, "all_reduce")
-        op = ReduceOp(op)
+        op = ops.as_op(op)
         ops.check_op(op, flat.dtype)
         return self._prepare(wire.Kind.ALL_REDUCE, g, user, flat, op, -1, algorithm, True)
 
@@ -218,7 +219,7 @@ class Session:
         g = self.group(group, "reduce")
         _member(g, dst, "reduce", "dst")
         user, flat = _flat(array, "reduce")
-        op = ReduceOp(op)
+        op = ops.as_op(op)
         ops.check_op(op, flat.dtype)
         return self._prepare(wire.Kind.REDUCE, g, user, flat, op, dst, algorithm,
                              finish=self.rank == dst)
@@ -239,7 +240,7 @@ class Session:
         out_user, out = _flat(output, "reduce_scatter (output)")
         inp = _flat_in(input, "reduce_scatter (input)", out.dtype)
         _sizes("reduce_scatter", inp.size, out.size * g.size, "input", "output x group size")
-        op = ReduceOp(op)
+        op = ops.as_op(op)
         ops.check_op(op, out.dtype)
         return self._prepare(wire.Kind.REDUCE_SCATTER, g, out_user, out, op, -1, algorithm,
                              True, inp=inp, count=out.size)
@@ -452,6 +453,12 @@ class Session:
             self._layouts[g.id] = layout
         return layout
 
+    def send_first(self, p: Prepared, loop: asyncio.AbstractEventLoop) -> None:
+        """From the caller's thread, just before :meth:`execute`: write the call's first
+        small frames directly (see :meth:`Engine.send_first`)."""
+        if p.call is not None and not p.schedule.shared_tmp:
+            p.sent = self.engine.send_first(p.call, p.schedule, p.bufs, loop)
+
     async def execute(self, p: Prepared) -> None:
         """Run a prepared call to the end (DistError subclasses on failure)."""
         out = p.bufs["out"]
@@ -467,7 +474,7 @@ class Session:
                     p.bufs["tmp"] = None
         elif p.call is not None:
             try:
-                await self.engine.run(p.call, p.schedule, p.bufs, p.op, self.timeout)
+                await self.engine.run(p.call, p.schedule, p.bufs, p.op, self.timeout, p.sent)
             finally:
                 self._give_back(p.bufs.pop("tmp", None))
         if p.finish:

@@ -170,6 +170,9 @@ class Header:
     flags: int = 0
 
 
+_KINDS = {k.value: k for k in Kind}
+
+
 def encode_header(h: Header) -> bytes:
     """The 64 bytes of a header."""
     return _HEADER.pack(_DATA_MAGIC, VERSION, h.kind, h.dtype, h.op, h.algorithm, h.flags,
@@ -180,13 +183,12 @@ def decode_header(data: bytes | bytearray | memoryview) -> Header:
     """Parse 64 header bytes; ProtocolError for a bad magic, version or kind."""
     (magic, version, kind, dtype, op, algorithm, flags, group, seq, src, root, tag, shape,
      count, nbytes, _reserved) = _unpack(_HEADER, data, "frame header")
-    _check(magic == _DATA_MAGIC, f"bad frame magic {bytes(magic)!r}")
-    _check(version == VERSION, f"frame protocol version {version}, expected {VERSION}")
-    try:
-        kind = Kind(kind)
-    except ValueError:
-        raise ProtocolError(f"unknown frame kind {kind}") from None
-    return Header(kind, dtype, op, algorithm, group, seq, src, root, tag, shape, count,
+    kind_ = _KINDS.get(kind)
+    if magic != _DATA_MAGIC or version != VERSION or kind_ is None:  # the messages cost
+        _check(magic == _DATA_MAGIC, f"bad frame magic {bytes(magic)!r}")
+        _check(version == VERSION, f"frame protocol version {version}, expected {VERSION}")
+        _check(False, f"unknown frame kind {kind}")
+    return Header(kind_, dtype, op, algorithm, group, seq, src, root, tag, shape, count,
                   nbytes, flags)
 
 

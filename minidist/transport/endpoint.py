@@ -7,6 +7,7 @@ import contextlib
 import errno
 import logging
 import socket
+import threading
 from collections.abc import Callable
 
 from .. import wire
@@ -30,24 +31,82 @@ HANDSHAKE_TIMEOUT = 10.0
 _DISCARD = 1 << 20
 
 
+SEND_NOW_MAX = 4096  # frames up to this size may be written from the caller's thread
+
+
 class Connection:
-    """One authenticated stream socket to one peer rank; frames are never interleaved."""
+    """One authenticated stream socket to one peer rank; frames are never interleaved.
+
+    Frames are written on the event loop, except small ones that the caller's thread may
+    write itself (:meth:`send_now`); ``_writing`` is held by whichever thread writes a
+    frame, from its first byte to its last.
+    """
 
     def __init__(self, sock: socket.socket, peer: int) -> None:
         self.sock = sock
         self.peer = peer
         self.lock = asyncio.Lock()
         self.reader: FrameReader | None = None
+        self.unix = sock.family == socket.AF_UNIX
+        self._writing = threading.Lock()
+        self._tail: asyncio.Task | None = None
 
     async def send(self, header: bytes, payload: memoryview | None) -> None:
         async with self.lock:
-            await send_all(self.sock, [header] if payload is None else [header, payload])
+            while not self._writing.acquire(blocking=False):
+                # another thread is writing one small frame (microseconds), or the loop
+                # finishes what it began (see send_now)
+                await asyncio.sleep(0 if self._tail is None else 0.001)
+            try:
+                await send_all(self.sock, [header] if payload is None else [header, payload])
+            finally:
+                self._writing.release()
+
+    def send_now(self, loop: asyncio.AbstractEventLoop, header: bytes,
+                 payload: memoryview | None) -> bool:
+        """From any thread: write one frame of at most SEND_NOW_MAX bytes now, if no other
+        frame is being written and the socket takes it without waiting. True if the frame
+        is on its way (the loop finishes a partial write), False if nothing was written."""
+        parts = [header] if payload is None else [header, payload]
+        nbytes = len(header) + (0 if payload is None else payload.nbytes)
+        if nbytes > SEND_NOW_MAX or not self._writing.acquire(blocking=False):
+            return False
+        try:
+            sent = self.sock.sendmsg(parts, [], socket.MSG_DONTWAIT)
+        except OSError:  # would block, or broken: the loop's own send will find out
+            self._writing.release()
+            return False
+        if sent == nbytes:
+            self._writing.release()
+            return True
+        # a Unix socket takes a frame this small whole or not at all; TCP may not
+        rest = b"".join(bytes(p) for p in parts)[sent:]
+        loop.call_soon_threadsafe(self._finish, rest)
+        return True
+
+    def _finish(self, rest: bytes) -> None:
+        async def finish() -> None:
+            try:
+                await send_all(self.sock, [rest])
+            except OSError:
+                pass  # the reader sees the broken connection
+            finally:
+                self._tail = None
+                self._writing.release()
+
+        self._tail = asyncio.get_running_loop().create_task(finish())
 
     def close(self) -> None:
         if self.reader is not None:
             self.reader.close()
+        if self._tail is not None:
+            self._tail.cancel()
+        # not while another thread is inside a system call on this socket
+        writing = self._writing.acquire(timeout=0.05)
         with contextlib.suppress(OSError):
             self.sock.close()
+        if writing:
+            self._writing.release()
 
 
 class Endpoint:
@@ -112,6 +171,10 @@ class Endpoint:
     def peers(self) -> list[int]:
         """The ranks this endpoint currently holds a connection to."""
         return sorted({c.peer for c in self._all})
+
+    def connected(self, dst: int) -> Connection | None:
+        """The open connection to global rank ``dst``, if there is one (any thread)."""
+        return None if self._closed else self._chosen.get(dst)
 
     async def send(self, dst: int, header: bytes, payload: memoryview | None) -> None:
         """Send one frame to global rank ``dst``; PeerLostError if it cannot be reached."""

@@ -33,13 +33,12 @@ async def recv_exactly(sock: socket.socket, n: int) -> bytes:
 
 async def send_all(sock: socket.socket, parts: list[memoryview | bytes]) -> None:
     """Send every part in order, in one system call when the kernel takes it all."""
-    parts = [memoryview(p).cast("B") for p in parts if len(p)]
-    total = sum(p.nbytes for p in parts)
     try:
         sent = sock.sendmsg(parts)
     except (BlockingIOError, InterruptedError):
         sent = 0
-    if sent == total:
+    parts = [memoryview(p).cast("B") for p in parts]
+    if sent == sum(p.nbytes for p in parts):
         return
     loop = asyncio.get_running_loop()
     for p in parts:
