@@ -138,6 +138,29 @@ def wait_for_quiet_network(limit: int, timeout: float) -> int:
     return n
 
 
+def cpu_idle_fraction(seconds: float = 1.0) -> float:
+    """The fraction of CPU time spent idle over the next ``seconds`` (from /proc/stat)."""
+    def read() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+
+    total0, idle0 = read()
+    time.sleep(seconds)
+    total1, idle1 = read()
+    return (idle1 - idle0) / max(1, total1 - total0)
+
+
+def wait_for_idle_cpus(fraction: float, timeout: float) -> float:
+    """Let the previous run's exit (and the kernel's clean-up after it) finish before
+    timing the next setup; returns the idle fraction last seen."""
+    end = time.monotonic() + timeout
+    idle = cpu_idle_fraction()
+    while idle < fraction and time.monotonic() < end:
+        idle = cpu_idle_fraction()
+    return idle
+
+
 def stats(values: list[float]) -> dict[str, float]:
     if not values:
         return {"max": 0.0, "mean": 0.0}
@@ -220,7 +243,9 @@ class Run:
             last_track = 0.0
             while self.ready < self.n and self.proc.poll() is None \
                     and time.monotonic() < deadline:
-                if time.monotonic() - last_track > 2.0:
+                # rarely: walking /proc costs CPU that the job's setup would miss; ranks
+                # orphaned meanwhile come to this script anyway (it is a subreaper)
+                if time.monotonic() - last_track > 15.0:
                     self._track()
                     last_track = time.monotonic()
                 time.sleep(0.1)
@@ -364,6 +389,7 @@ def run_one(system: str, n: int, args, log) -> dict:
                               f"{args.mem_fraction:.0%} of MemAvailable "
                               f"({avail_mib / 1024:.1f} GiB)"}
     tw = wait_for_quiet_network(args.time_wait_limit, 120.0)
+    idle = wait_for_idle_cpus(args.idle_fraction, 60.0)
     avail_gib = meminfo_kib("MemAvailable") / MIB / MIB
     with tempfile.TemporaryDirectory(prefix="footprint-") as tmp:
         gate = Path(tmp) / "gate"
@@ -375,6 +401,7 @@ def run_one(system: str, n: int, args, log) -> dict:
         log(f"[footprint] {system} N={n}: {' '.join(run.cmd)}")
         res = run.execute(gate)
     res["time_wait_sockets_at_start"] = tw
+    res["cpu_idle_fraction_at_start"] = idle
     res["mem_available_gib_at_start"] = avail_gib
     return res
 
@@ -432,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="memory guard: share of MemAvailable a gloo run may need (0.8)")
     ap.add_argument("--time-wait-limit", type=int, default=2000,
                     help="before a run, wait (up to 120 s) until fewer TIME_WAIT sockets")
+    ap.add_argument("--idle-fraction", type=float, default=0.8,
+                    help="before each run, wait (up to 60 s) until the CPUs were this idle "
+                         "over one second (default 0.8)")
     ap.add_argument("--json", metavar="FILE", help="also write every result as JSON")
     args = ap.parse_args(argv)
 
