@@ -318,7 +318,13 @@ def isend(array: np.ndarray, dst: int, tag: int = 0, group: GroupArg = None) -> 
 
 def send(array: np.ndarray, dst: int, tag: int = 0, group: GroupArg = None) -> None:
     """Blocking :func:`isend`."""
-    isend(array, dst, tag, group).wait()
+    s, r = _current()
+    _send_blocking(s, r, s.prepare_send(array, dst, tag, group))
+
+
+def _send_blocking(s: Session, r: Runtime, p) -> None:
+    if not s.send_now(p, r.loop):  # a small message on an open Unix connection: done
+        r.wait_for(s.send(p))
 
 
 def irecv(array: np.ndarray, src: int, tag: int = 0, group: GroupArg = None) -> Work:
@@ -333,7 +339,8 @@ def irecv(array: np.ndarray, src: int, tag: int = 0, group: GroupArg = None) -> 
 
 def recv(array: np.ndarray, src: int, tag: int = 0, group: GroupArg = None) -> int:
     """Blocking :func:`irecv`; returns ``src``."""
-    irecv(array, src, tag, group).wait()
+    s, r = _current()
+    r.wait_for(s.recv(s.prepare_recv(array, src, tag, group)))
     return src
 
 
@@ -342,13 +349,13 @@ def send_object(obj: Any, dst: int, tag: int = 0, group: GroupArg = None) -> Non
     s, r = _current()
     p = s.prepare_send(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dst, tag, group,
                        is_object=True)
-    Work(r.submit(s.send(p))).wait()
+    _send_blocking(s, r, p)
 
 
 def recv_object(src: int, tag: int = 0, group: GroupArg = None) -> Any:
     """Receive the next object sent by global rank ``src`` with ``tag``."""
     s, r = _current()
-    return pickle.loads(r.call(s.recv(s.prepare_recv(None, src, tag, group))))
+    return pickle.loads(r.wait_for(s.recv(s.prepare_recv(None, src, tag, group))))
 
 
 # ---------------------------------------------------------------------- objects

@@ -109,19 +109,31 @@ class Engine:
         if self._p2p_seq.get(key) == p.seq + 1:
             self._p2p_seq[key] = p.seq
 
-    async def send_p2p(self, p, timeout: float) -> None:
-        """Send one point-to-point message (done once the kernel has taken it)."""
-        if p.peer in self.lost:
-            raise PeerLostError(f"send to rank {p.peer}: it was lost earlier "
-                                f"({self.lost[p.peer]})", ranks=[p.peer])
+    def send_p2p_now(self, p, loop: asyncio.AbstractEventLoop) -> bool:
+        """From the caller's thread: write a small message to a peer already connected
+        over a Unix socket, without the loop. False (nothing written): use
+        :meth:`send_p2p`."""
+        conn = None if self.endpoint is None else self.endpoint.connected(p.peer)
+        if conn is None or not conn.unix or p.peer in self.lost:
+            return False
+        return conn.send_now(loop, *self._p2p_frame(p))
+
+    def _p2p_frame(self, p) -> tuple[bytes, memoryview | None]:
         nbytes = p.flat.nbytes
         header = wire.encode_header(wire.Header(
             wire.Kind.P2P, OBJECT_DTYPE if p.is_object else ops.dtype_code(p.flat.dtype), 0,
             0, p.group.id, p.seq, self.rank, -1, p.tag, p.shape, p.flat.size, nbytes,
             FLAG_OBJECT if p.is_object else 0))
+        return header, _bytes(p.flat) if nbytes else None
+
+    async def send_p2p(self, p, timeout: float) -> None:
+        """Send one point-to-point message (done once the kernel has taken it)."""
+        if p.peer in self.lost:
+            raise PeerLostError(f"send to rank {p.peer}: it was lost earlier "
+                                f"({self.lost[p.peer]})", ranks=[p.peer])
         try:
             async with asyncio.timeout(timeout):
-                await self.endpoint.send(p.peer, header, _bytes(p.flat) if nbytes else None)
+                await self.endpoint.send(p.peer, *self._p2p_frame(p))
         except TimeoutError:
             raise DistTimeoutError(f"send to rank {p.peer} (tag {p.tag}) did not finish "
                                    f"within {timeout:g} s", collective="send",

@@ -404,6 +404,11 @@ class Session:
     async def send(self, p: P2P) -> None:
         await self.engine.send_p2p(p, self.timeout)
 
+    def send_now(self, p: P2P, loop: asyncio.AbstractEventLoop) -> bool:
+        """From the caller's thread: send a small message directly if the connection
+        allows (see :meth:`Engine.send_p2p_now`); False if :meth:`send` must do it."""
+        return self.engine.send_p2p_now(p, loop)
+
     async def recv(self, p: P2P) -> bytes | None:
         """Receive into the prepared array, or return an object's bytes."""
         payload = await self.engine.recv_p2p(p, self.timeout)

@@ -122,6 +122,13 @@ def test_every_collective_p2p_and_object_call(n):
     assert "ALL COLLECTIVES OK" in job.out
 
 
+def test_small_blocking_sends_need_no_event_loop():
+    with Job(2, SCRIPTS / "send_direct.py") as job:
+        rc = job.wait(90)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    assert "DIRECT SENDS OK" in job.out
+
+
 def test_shared_memory_is_never_left_behind_when_a_rank_is_killed():
     with Job(4, SCRIPTS / "shm_kill.py") as job:
         rc = job.wait(90)

@@ -1,0 +1,38 @@
+"""Small blocking sends on an open connection go out from the caller's thread: they
+complete while this rank's event loop is held up, and arrive intact and in order."""
+
+import threading
+
+import numpy as np
+
+import minidist
+from minidist import api
+
+minidist.init()
+rank = minidist.get_rank()
+if rank == 0:
+    minidist.send(np.arange(4.0), 1)  # opens the connection
+    minidist.send_object({"hello": 1}, 1)
+    released = threading.Event()
+    outcome = []
+    # hold the loop thread until the sends below have returned (or 20 s pass)
+    api._runtime.loop.call_soon_threadsafe(lambda: outcome.append(released.wait(20)))
+    for i in range(50):
+        minidist.send(np.full(8, float(i)), 1, tag=7)
+    minidist.send_object(("done", list(range(100))), 1, tag=8)
+    released.set()
+    minidist.barrier()
+    assert outcome == [True], "a small blocking send waited for the event loop"
+    print("DIRECT SENDS OK", flush=True)
+else:
+    a = np.zeros(4)
+    minidist.recv(a, 0)
+    assert a.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert minidist.recv_object(0) == {"hello": 1}
+    for i in range(50):
+        b = np.zeros(8)
+        minidist.recv(b, 0, tag=7)
+        assert (b == i).all(), (i, b)
+    assert minidist.recv_object(0, tag=8) == ("done", list(range(100)))
+    minidist.barrier()
+minidist.destroy()
