@@ -222,9 +222,9 @@ def _any_group(s: Session, group: GroupArg) -> Group:
 
 def _run(p: Prepared, async_op: bool) -> Work | None:
     s, r = _current()
+    s.send_first(p, r.loop)
     if async_op:
         return Work(r.submit(s.execute(p)))
-    s.send_first(p, r.loop)
     r.wait_for(s.execute(p))
     return None
 

@@ -14,6 +14,7 @@ scratch tensor back into a non-contiguous output, round float32 back to bfloat16
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import datetime
 import os
 import queue
@@ -107,8 +108,15 @@ class Work:
     def _finish(self, timeout: float | None = None) -> None:
         """Wait for the minidist calls, run the final step once; raise the call's error."""
         if not self._finished:
-            done, pending = concurrent.futures.wait(
-                self._futures, timeout, return_when=concurrent.futures.FIRST_EXCEPTION)
+            if len(self._futures) == 1:  # the usual case, without wait()'s waiters
+                f = self._futures[0]
+                with contextlib.suppress(concurrent.futures.TimeoutError, Exception,
+                                         concurrent.futures.CancelledError):
+                    f.exception(timeout)
+                done, pending = ({f}, set()) if f.done() else (set(), {f})
+            else:
+                done, pending = concurrent.futures.wait(
+                    self._futures, timeout, return_when=concurrent.futures.FIRST_EXCEPTION)
             failed = next((f for f in done if _error_of(f) is not None), None)
             if failed is None and pending:
                 raise DistTimeoutError(f"{self._what}: not done within {timeout:g} s "
