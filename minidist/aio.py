@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .env import DEFAULT_TIMEOUT, detect
+from .env import default_timeout, detect
 from .errors import DistError
 from .group import Group
 from .ops import ReduceOp
@@ -48,8 +48,7 @@ async def init(*, rank: int | None = None, world_size: int | None = None,
         raise DistError("minidist.aio is already initialized")
     cfg = detect(os.environ, rank=rank, world_size=world_size, master_addr=master_addr,
                  master_port=master_port)
-    session = Session(cfg, float(timeout or os.environ.get("MINIDIST_TIMEOUT",
-                                                           DEFAULT_TIMEOUT)))
+    session = Session(cfg, float(timeout or default_timeout(os.environ)))
     try:
         await session.start()
     except BaseException:

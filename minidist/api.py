@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .env import DEFAULT_TIMEOUT, detect
+from .env import default_timeout, detect
 from .errors import DistError, DistTimeoutError
 from .group import NON_GROUP_MEMBER, Group
 from .ops import ReduceOp
@@ -59,7 +59,7 @@ def init(*, rank: int | None = None, world_size: int | None = None,
         cfg = detect(os.environ, rank=rank, world_size=world_size, master_addr=master_addr,
                      master_port=master_port)
         if timeout is None:
-            timeout = float(os.environ.get("MINIDIST_TIMEOUT", DEFAULT_TIMEOUT))
+            timeout = default_timeout(os.environ)
         runtime = Runtime()
         session = Session(cfg, timeout)
         try:
@@ -225,7 +225,7 @@ def _run(p: Prepared, async_op: bool) -> Work | None:
     s.send_first(p, r.loop)
     if async_op:
         return Work(r.submit(s.execute(p)))
-    r.wait_for(s.execute(p))
+    r.call(s.execute(p))
     return None
 
 
@@ -324,7 +324,7 @@ def send(array: np.ndarray, dst: int, tag: int = 0, group: GroupArg = None) -> N
 
 def _send_blocking(s: Session, r: Runtime, p) -> None:
     if not s.send_now(p, r.loop):  # a small message on an open Unix connection: done
-        r.wait_for(s.send(p))
+        r.call(s.send(p))
 
 
 def irecv(array: np.ndarray, src: int, tag: int = 0, group: GroupArg = None) -> Work:
@@ -340,7 +340,7 @@ def irecv(array: np.ndarray, src: int, tag: int = 0, group: GroupArg = None) -> 
 def recv(array: np.ndarray, src: int, tag: int = 0, group: GroupArg = None) -> int:
     """Blocking :func:`irecv`; returns ``src``."""
     s, r = _current()
-    r.wait_for(s.recv(s.prepare_recv(array, src, tag, group)))
+    r.call(s.recv(s.prepare_recv(array, src, tag, group)))
     return src
 
 
@@ -355,7 +355,7 @@ def send_object(obj: Any, dst: int, tag: int = 0, group: GroupArg = None) -> Non
 def recv_object(src: int, tag: int = 0, group: GroupArg = None) -> Any:
     """Receive the next object sent by global rank ``src`` with ``tag``."""
     s, r = _current()
-    return pickle.loads(r.wait_for(s.recv(s.prepare_recv(None, src, tag, group))))
+    return pickle.loads(r.call(s.recv(s.prepare_recv(None, src, tag, group))))
 
 
 # ---------------------------------------------------------------------- objects

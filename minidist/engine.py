@@ -15,7 +15,7 @@ from .errors import CollectiveMismatchError, DistTimeoutError, PeerLostError
 from .group import Group
 from .ops import ReduceOp
 from .rendezvous.client import RendezvousClient
-from .transport.endpoint import Endpoint
+from .transport.endpoint import Connection, Endpoint
 from .transport.mailbox import Key, Mailbox
 
 log = logging.getLogger("minidist.engine")
@@ -113,10 +113,14 @@ class Engine:
         """From the caller's thread: write a small message to a peer already connected
         over a Unix socket, without the loop. False (nothing written): use
         :meth:`send_p2p`."""
-        conn = None if self.endpoint is None else self.endpoint.connected(p.peer)
-        if conn is None or not conn.unix or p.peer in self.lost:
-            return False
-        return conn.send_now(loop, *self._p2p_frame(p))
+        conn = self._direct(p.peer)
+        return conn is not None and conn.send_now(loop, *self._p2p_frame(p))
+
+    def _direct(self, dst: int) -> Connection | None:
+        """The connection a frame to ``dst`` may be written on from the caller's thread:
+        open, over a Unix socket, to a peer not lost."""
+        conn = None if self.endpoint is None else self.endpoint.connected(dst)
+        return conn if conn is not None and conn.unix and dst not in self.lost else None
 
     def _p2p_frame(self, p) -> tuple[bytes, memoryview | None]:
         nbytes = p.flat.nbytes
@@ -247,18 +251,17 @@ class Engine:
         frames to peers already connected over Unix sockets, so that they need not wait
         for the loop to wake up. Returns the indexes (in the first step's comms) of the
         sends done; :meth:`run` skips them."""
-        if not schedule.steps or self.endpoint is None:
+        if not schedule.steps:
             return frozenset()
         ranks = call.group.ranks
         itemsize = next(iter(bufs.values())).itemsize
         done = []
         for i, c in enumerate(schedule.steps[0].comms):
             if isinstance(c, Send):
-                conn = self.endpoint.connected(ranks[c.peer])
-                if conn is not None and conn.unix and ranks[c.peer] not in self.lost:
-                    header, payload = self._frame(call, c, bufs, itemsize)
-                    if conn.send_now(loop, header, payload):
-                        done.append(i)
+                conn = self._direct(ranks[c.peer])
+                frame = None if conn is None else self._frame(call, c, bufs, itemsize)
+                if frame is not None and conn.send_now(loop, *frame):
+                    done.append(i)
         return frozenset(done)
 
     async def run(self, call: Call, schedule: Schedule, bufs: dict[str, np.ndarray],

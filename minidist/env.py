@@ -14,6 +14,11 @@ DEFAULT_PORT = 29500
 DEFAULT_TIMEOUT = 300.0
 
 
+def default_timeout(env: Mapping[str, str]) -> float:
+    """Seconds every call may take when no timeout is given: ``MINIDIST_TIMEOUT`` or 300."""
+    return float(env.get("MINIDIST_TIMEOUT", DEFAULT_TIMEOUT))
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """Where this process stands in the job and how to reach the rendezvous.

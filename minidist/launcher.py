@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass, field
 
 from . import shm
-from .env import DEFAULT_TIMEOUT
+from .env import default_timeout
 from .rendezvous.agent import NodeAgent
 from .rendezvous.server import RendezvousServer, bind_listeners
 from .runtime import new_event_loop
@@ -207,8 +207,7 @@ class Launcher:
             self._kill_all(signal.SIGKILL)
             if server is not None:
                 if self.first_failure is None:  # ranks of other nodes may still be at work
-                    await server.wait_all_left(
-                        float(os.environ.get("MINIDIST_TIMEOUT", DEFAULT_TIMEOUT)))
+                    await server.wait_all_left(default_timeout(os.environ))
                 await server.close()
             if agent is not None:
                 await agent.close()

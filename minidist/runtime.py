@@ -40,9 +40,10 @@ class Runtime:
         """Run a coroutine on the loop; its result or exception arrives in the future."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def wait_for(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine on the loop and wait for it, at the least cost per call (the
-        blocking collectives' path; the coroutine owns its deadline)."""
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the loop and wait for it (the coroutine owns its deadline).
+        The caller sleeps on a bare lock that the task's done-callback releases: the
+        least a blocking call can cost."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("blocking minidist call from inside its own event loop; "
                                "use minidist.aio there instead")
@@ -60,13 +61,6 @@ class Runtime:
         self.loop.call_soon_threadsafe(start)
         done.acquire()
         return tasks[0].result()
-
-    def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine on the loop and wait for it (the coroutine owns its deadline)."""
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("blocking minidist call from inside its own event loop; "
-                               "use minidist.aio there instead")
-        return self.submit(coro).result()
 
     def stop(self) -> None:
         """Stop the loop and join the thread (pending tasks are dropped)."""

@@ -110,9 +110,9 @@ class Work:
         if not self._finished:
             if len(self._futures) == 1:  # the usual case, without wait()'s waiters
                 f = self._futures[0]
-                with contextlib.suppress(concurrent.futures.TimeoutError, Exception,
+                with contextlib.suppress(concurrent.futures.TimeoutError,
                                          concurrent.futures.CancelledError):
-                    f.exception(timeout)
+                    f.exception(timeout)  # waits; the error itself is read below
                 done, pending = ({f}, set()) if f.done() else (set(), {f})
             else:
                 done, pending = concurrent.futures.wait(
