@@ -43,10 +43,11 @@ async def test_frames_from_a_thread_and_the_loop_never_interleave():
     conn = Connection(a, peer=1)
     small, large = 3000, 40
     written: list[int] = []
+    stop = threading.Event()  # set when the test ends, however it ends
 
     def caller_thread() -> None:
         n = 0
-        while n < small:
+        while n < small and not stop.is_set():
             if conn.send_now(loop, *frame(2 * n, 1000)):
                 written.append(2 * n)
                 n += 1
@@ -55,16 +56,18 @@ async def test_frames_from_a_thread_and_the_loop_never_interleave():
         for i in range(large):
             await conn.send(*frame(2 * i + 1, 200_000))
 
+    t = threading.Thread(target=caller_thread, daemon=True)
     try:
-        t = threading.Thread(target=caller_thread)
         t.start()
         got, _ = await asyncio.wait_for(asyncio.gather(
             read_frames(b, small + large), loop_sends()), 60)
-        await asyncio.to_thread(t.join)
+        await asyncio.to_thread(t.join, 10)
+        assert not t.is_alive()
         # every frame arrives whole; each writer's frames keep their order
         assert [n for n in got if n % 2 == 0] == written
         assert [n for n in got if n % 2] == [2 * i + 1 for i in range(large)]
     finally:
+        stop.set()
         conn.close()
         b.close()
 
