@@ -155,10 +155,11 @@ def new_group(ranks: list[int] | None = None, timeout: float | None = None,
     Members call it in the same order as each other; a non-member gets
     ``GroupMember.NON_GROUP_MEMBER``. Unlike torch.distributed, ranks need not create
     groups they are not in: a group's identity follows from its members and the order
-    in which they created groups with exactly those members. ``timeout`` and
-    ``backend`` are accepted for compatibility.
+    in which they created groups with exactly those members. ``timeout`` (seconds or a
+    timedelta) bounds every call on the group instead of the job's timeout; 0 means
+    "do not wait". ``backend`` is accepted for compatibility.
     """
-    return _current()[0].new_group(ranks)
+    return _current()[0].new_group(ranks, timeout)
 
 
 def new_subgroups(group_size: int | None = None, group: GroupArg = None,
@@ -178,7 +179,7 @@ def new_subgroups(group_size: int | None = None, group: GroupArg = None,
                          f"by group_size={group_size}")
     subgroups, mine = [], NON_GROUP_MEMBER
     for start in range(0, parent.size, group_size):
-        g = s.new_group(list(parent.ranks[start:start + group_size]))
+        g = s.new_group(list(parent.ranks[start:start + group_size]), timeout)
         subgroups.append(g)
         if g is not NON_GROUP_MEMBER:
             mine = g

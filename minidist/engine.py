@@ -1,17 +1,26 @@
-"""Runs a schedule over the transport: posts receives, sends frames, reduces in place."""
+"""Runs a schedule over the transport: posts receives, sends frames, reduces in place.
+
+The engine is also where this rank keeps what it knows of the others: which ranks died,
+which left, whether the rendezvous is still there, and which groups are unusable after
+a failed call. Every call it runs is registered while it runs, so that news of a lost
+peer, an abort from another rank or a mismatched frame ends it at once, whatever it is
+waiting on (a receive, a send, a connection attempt, a shared-memory set-up).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import ops, wire
+from .algorithms import ALGORITHMS
 from .algorithms.schedule import Copy, Recv, Reduce, Schedule, Send
-from .errors import CollectiveMismatchError, DistTimeoutError, PeerLostError
+from .errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError
 from .group import Group
 from .ops import ReduceOp
 from .rendezvous.client import RendezvousClient
@@ -22,9 +31,13 @@ log = logging.getLogger("minidist.engine")
 
 FLAG_OBJECT = 1  # a point-to-point frame that carries a pickled object
 OBJECT_DTYPE = 255
+INTERNAL_TAGS = 1 << 31  # point-to-point tags from here up are minidist's own
 
-# seconds a broken connection waits for the rendezvous to say which rank died first
-ROOT_CAUSE_GRACE = 0.25
+# seconds a broken connection (or a failed send) waits for the rendezvous to say why
+# its peer is gone: left normally, died, or died because another rank died first
+NEWS_GRACE = 2.0
+FINISHED_KEPT = 4096  # collectives per rank whose outcome is remembered for late frames
+LEFT = "it called destroy() or its script ended"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +56,12 @@ class Call:
     count: int
     shape: int
 
+    @property
+    def name(self) -> str:
+        return self.kind.name.lower()
+
     def describe(self, h: wire.Header | None = None) -> str:
+        """The call as a user would write it (or as the frame ``h`` says its sender did)."""
         if h is None:
             kind, dtype, op, root, count, algo = (self.kind, self.dtype, self.op, self.root,
                                                   self.count, self.algorithm)
@@ -60,19 +78,39 @@ class Call:
             parts.append(f"op={ReduceOp(op).name}")
         if root >= 0:
             parts.append(f"root={root}")
-        parts.append(f"algorithm#{algo}")
+        names = ALGORITHMS.get(name, ())
+        if kind != wire.Kind.P2P:
+            parts.append(f"algorithm={names[algo]!r}" if algo < len(names)
+                         else "an unknown algorithm")
         return f"{name}({', '.join(parts)})"
+
+
+def tag_name(tag: int) -> str:
+    """A point-to-point tag as users know it (minidist's own tags have no number)."""
+    return f"tag {tag}" if tag < INTERNAL_TAGS else "an internal message"
 
 
 @dataclass(eq=False)
 class _Active:
-    call: Call
+    """A call running on the loop: a collective (``call``) or one message to or from
+    ``peer``."""
+
+    group: Group
+    call: Call | None = None
+    peer: int = -1
+    task: asyncio.Task | None = None
     keys: list[Key] = field(default_factory=list)
     error: BaseException | None = None
+    quiet: bool = False  # its error came from another rank: do not tell the others again
+
+    def needs(self, rank: int) -> bool:
+        return rank in self.group if self.call is not None else rank == self.peer
 
 
 class Engine:
-    """Executes collectives for one rank. Runs on the runtime's event loop."""
+    """Executes collectives and messages for one rank, on the runtime's event loop
+    (except :meth:`next_seq`, :meth:`next_p2p_seq`, :meth:`send_first` and
+    :meth:`send_p2p_now`, which the caller's thread runs in call order)."""
 
     def __init__(self, rank: int, endpoint: Endpoint | None, mailbox: Mailbox,
                  client: RendezvousClient | None) -> None:
@@ -81,11 +119,19 @@ class Engine:
         self.mailbox = mailbox
         self.client = client
         self.entered: dict[int, int] = defaultdict(int)
-        self.lost: dict[int, str] = {}
+        self.lost: dict[int, str] = {}  # ranks that died -> why
+        self.left: dict[int, str] = {}  # ranks that left normally -> how
+        self.rendezvous_lost: str | None = None
+        self.rendezvous_host: int | None = None  # the rank whose process hosts it, if one
+        self.broken: dict[int, DistError] = {}  # group id -> the failure that broke it
         self._active: set[_Active] = set()
-        self._aborted: dict[tuple[int, int], str] = {}
+        self._cancelled: set[asyncio.Task] = set()
+        self._aborted: OrderedDict[tuple[int, int], DistError] = OrderedDict()
+        self._finished: OrderedDict[tuple[int, int], Call | None] = OrderedDict()
+        self._news: dict[int, asyncio.Future] = {}
         self._p2p_seq: dict[tuple[int, int, int, bool], int] = {}
         mailbox.on_mismatch = self._frame_mismatch
+        mailbox.on_unexpected = self._unexpected
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -109,6 +155,223 @@ class Engine:
         if self._p2p_seq.get(key) == p.seq + 1:
             self._p2p_seq[key] = p.seq
 
+    def _enter(self, group: Group, call: Call | None = None, peer: int = -1) -> _Active:
+        a = _Active(group, call, peer, asyncio.current_task())
+        self._active.add(a)
+        return a
+
+    def _leave(self, a: _Active, exc: BaseException) -> BaseException:
+        """The error a call ends with: its own recorded error if the engine interrupted
+        it (the interruption undone), else ``exc``."""
+        self._active.discard(a)
+        if a.error is not None and a.task in self._cancelled:
+            self._cancelled.discard(a.task)
+            a.task.uncancel()
+            return a.error
+        if a.error is not None and isinstance(exc, TimeoutError) and \
+                not isinstance(exc, DistError):
+            return a.error  # its deadline and its failure came together: the failure
+        return exc
+
+    def _fail(self, a: _Active, exc: BaseException) -> None:
+        """End a running call with ``exc``, whatever it is waiting on."""
+        if a.error is not None:
+            return
+        a.error = exc
+        if a.call is not None:
+            self.mailbox.fail_group(a.call.group.id, a.call.seq, exc)
+        t = a.task
+        if t is not None and not t.done() and t is not asyncio.current_task() \
+                and t not in self._cancelled:
+            self._cancelled.add(t)
+            t.cancel()
+
+    # ------------------------------------------------------------------ news of peers
+
+    def peer_lost(self, rank: int, reason: str) -> None:
+        """The rendezvous says ``rank`` died (or, for ``rank`` -1, that the rendezvous
+        itself is gone): fail everything that needs it, now and later."""
+        if rank < 0:
+            self._rendezvous_gone(reason)
+            return
+        if rank in self.lost:
+            return
+        self.left.pop(rank, None)
+        self.lost[rank] = reason
+        exc = PeerLostError(f"rank {rank} died ({reason})", ranks=[rank])
+        self.mailbox.peer_dead(rank, exc)
+        if self.endpoint is not None:
+            self.endpoint.forbid(rank, exc)
+        self._heard(rank)
+        for a in list(self._active):
+            if a.needs(rank):
+                what = a.call.name if a.call is not None else "send/recv"
+                self._fail(a, PeerLostError(
+                    f"{what} on {a.group!r} failed on rank {self.rank}: rank {rank} died "
+                    f"({reason})", ranks=[rank], collective=what, group=a.group))
+
+    def peers_left(self, ranks: list[int]) -> None:
+        """The rendezvous says these ranks left the job normally. Nothing more will come
+        from them once what they sent has been read; nobody connects to them again. A
+        call that waits on one of them fails; the others go on."""
+        for rank in ranks:
+            if rank in self.left or rank in self.lost or rank == self.rank:
+                continue
+            self.left[rank] = LEFT
+            exc = PeerLostError(f"rank {rank} left the job ({LEFT})", ranks=[rank],
+                                left=True)
+            if self.endpoint is not None:
+                self.endpoint.forbid(rank, exc)
+            if self.endpoint is None or not self.endpoint.has_connection(rank):
+                self.mailbox.peer_dead(rank, exc)
+            # else: its connection's end, right behind its last frames, says so
+            self._heard(rank)
+
+    def _rendezvous_gone(self, reason: str) -> None:
+        if self.rendezvous_lost is not None:
+            return
+        self.rendezvous_lost = reason
+        for fut in self._news.values():
+            if not fut.done():
+                fut.set_result(None)
+        exc = self._no_rendezvous("this call")
+        for a in list(self._active):
+            self._fail(a, exc)
+
+    def _no_rendezvous(self, what: str) -> PeerLostError:
+        host = self.rendezvous_host
+        by = f", hosted by rank {host}" if host is not None and host != self.rank else ""
+        return PeerLostError(
+            f"{what} on rank {self.rank} failed: the rendezvous{by} is gone "
+            f"({self.rendezvous_lost}); without it no failure can be told to the job",
+            ranks=[host] if host is not None and host != self.rank else [])
+
+    def _heard(self, rank: int) -> None:
+        fut = self._news.get(rank)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def _news_of(self, rank: int) -> asyncio.Future:
+        """A future done once the rendezvous has said why ``rank`` is gone, or after
+        NEWS_GRACE seconds without a word."""
+        fut = self._news.get(rank)
+        if fut is None:
+            loop = asyncio.get_running_loop()
+            fut = self._news[rank] = loop.create_future()
+            if rank in self.lost or rank in self.left or self.rendezvous_lost is not None:
+                fut.set_result(None)
+            else:
+                timer = loop.call_later(NEWS_GRACE, lambda: fut.done() or fut.set_result(None))
+                fut.add_done_callback(lambda _f: timer.cancel())
+        return fut
+
+    def connection_lost(self, rank: int, reason: str) -> None:
+        """Every connection with ``rank`` ended (all it sent has been read): receives
+        from it can never complete. The error waits for the rendezvous' word on why,
+        so that it says whether ``rank`` left or died, and names a rank that died first."""
+        self._news_of(rank).add_done_callback(lambda _f: self._connection_gone(rank, reason))
+
+    def _gone_error(self, rank: int, detail: str) -> PeerLostError:
+        """Why nothing more can come from ``rank``, as far as this rank knows."""
+        earlier = {r: why for r, why in self.lost.items() if r != rank}
+        if rank in self.lost:
+            msg, left = f"rank {rank} died ({self.lost[rank]})", False
+        elif rank in self.left:
+            msg, left = f"rank {rank} left the job ({self.left[rank]})", True
+        elif self.rendezvous_lost is not None:
+            return self._no_rendezvous(f"talking to rank {rank}")
+        else:
+            msg, left = (f"rank {rank} closed its connection ({detail}) and the rendezvous "
+                         f"has not said why"), False
+        if earlier:
+            msg += "; before it, " + "; ".join(f"rank {r} died ({why})"
+                                               for r, why in sorted(earlier.items()))
+        return PeerLostError(msg, ranks=[rank, *earlier], left=left and not earlier)
+
+    def _connection_gone(self, rank: int, reason: str) -> None:
+        exc = self._gone_error(rank, reason)
+        self.mailbox.peer_dead(rank, exc)
+        if self.endpoint is not None:
+            self.endpoint.forbid(rank, exc)
+
+    async def _explain(self, rank: int, exc: PeerLostError) -> PeerLostError:
+        """A send to ``rank`` failed: say why, once the rendezvous has had its word."""
+        await asyncio.shield(self._news_of(rank))
+        if rank in self.lost or rank in self.left or self.rendezvous_lost is not None:
+            return self._gone_error(rank, str(exc))
+        return exc
+
+    # ------------------------------------------------------------------ aborts
+
+    def abort_received(self, body: dict) -> None:
+        """Another rank's call ``(group, seq)`` failed: the same call fails here, and the
+        group is unusable from now on (every later call on it raises at once)."""
+        gid, seq = body["group"], body["seq"]
+        exc = _abort_error(body)
+        self.broken.setdefault(gid, exc)
+        for a in list(self._active):
+            if a.call is not None and a.call.group.id == gid:
+                a.quiet = True
+                self._fail(a, exc)
+        if (gid, seq) not in self._finished:
+            self._aborted[(gid, seq)] = exc
+            while len(self._aborted) > FINISHED_KEPT:
+                self._aborted.popitem(last=False)
+
+    def _frame_mismatch(self, group: int, seq: int, err: Exception) -> None:
+        """A frame of a running collective, not yet asked for, does not fit the call."""
+        for a in list(self._active):
+            if a.call is not None and (a.call.group.id, a.call.seq) == (group, seq):
+                self._fail(a, err)
+
+    def _unexpected(self, h: wire.Header) -> bool:
+        """A collective's frame arrived that no running call expects. If its call is
+        over here, drop it; had that call succeeded, the ranks disagreed on it (roots,
+        algorithms, sizes), and the group is broken on every rank."""
+        key = (h.group, h.seq)
+        if key not in self._finished:
+            return False  # its call has not started yet
+        call = self._finished[key]
+        if call is not None and call.group.id not in self.broken:
+            err = self._checker(call, -1)(h) or CollectiveMismatchError(
+                f"collective mismatch on {call.group!r} (call #{call.seq}): rank {h.src} "
+                f"sent data for {call.describe(h)} that rank {self.rank} did not need for "
+                f"its {call.describe()}")
+            self._break(call, err, tell=True)
+        return True
+
+    def _break(self, call: Call, exc: DistError, tell: bool) -> None:
+        """A call on this rank failed: its group is unusable from now on; the first time,
+        with ``tell``, the other ranks of the group hear of it."""
+        gid = call.group.id
+        if gid in self.broken:
+            return
+        self.broken[gid] = exc
+        if tell:
+            self._broadcast_abort(call, exc)
+
+    def _refusal(self, call: Call) -> DistError | None:
+        """Why a collective cannot even start, or None."""
+        g = call.group
+        if self.rendezvous_lost is not None:
+            return self._no_rendezvous(call.name)
+        aborted = self._aborted.pop((g.id, call.seq), None)
+        if aborted is not None:
+            return aborted
+        broken = self.broken.get(g.id)
+        if broken is not None:
+            return _again(broken, f"{call.name} on {g!r} (call #{call.seq}) refused on rank "
+                          f"{self.rank}: the group is unusable since a call on it failed")
+        if self.lost:
+            lost = [r for r in g.ranks if r in self.lost]
+            if lost:
+                return PeerLostError(
+                    f"{call.name} on {g!r}: rank(s) {lost} died earlier "
+                    f"({self.lost[lost[0]]})", ranks=lost, collective=call.name, group=g)
+        return None
+
+    # ------------------------------------------------------------------ point-to-point
+
     def send_p2p_now(self, p, loop: asyncio.AbstractEventLoop) -> bool:
         """From the caller's thread: write a small message to a peer already connected
         over a Unix socket, without the loop. False (nothing written): use
@@ -118,9 +381,10 @@ class Engine:
 
     def _direct(self, dst: int) -> Connection | None:
         """The connection a frame to ``dst`` may be written on from the caller's thread:
-        open, over a Unix socket, to a peer not lost."""
+        open, over a Unix socket, to a peer not gone."""
         conn = None if self.endpoint is None else self.endpoint.connected(dst)
-        return conn if conn is not None and conn.unix and dst not in self.lost else None
+        return conn if conn is not None and conn.unix and dst not in self.lost \
+            and dst not in self.left and self.rendezvous_lost is None else None
 
     def _p2p_frame(self, p) -> tuple[bytes, memoryview | None]:
         nbytes = p.flat.nbytes
@@ -132,21 +396,38 @@ class Engine:
 
     async def send_p2p(self, p, timeout: float) -> None:
         """Send one point-to-point message (done once the kernel has taken it)."""
-        if p.peer in self.lost:
-            raise PeerLostError(f"send to rank {p.peer}: it was lost earlier "
-                                f"({self.lost[p.peer]})", ranks=[p.peer])
+        if self.rendezvous_lost is not None:
+            raise self._no_rendezvous("send")
+        a = self._enter(p.group, peer=p.peer)
         try:
-            async with asyncio.timeout(timeout):
-                await self.endpoint.send(p.peer, *self._p2p_frame(p))
-        except TimeoutError:
-            raise DistTimeoutError(f"send to rank {p.peer} (tag {p.tag}) did not finish "
+            try:
+                async with asyncio.timeout(timeout):
+                    await self.endpoint.send(p.peer, *self._p2p_frame(p))
+            except PeerLostError as e:
+                raise await self._explain(p.peer, e) from None
+        except asyncio.CancelledError as e:
+            err = self._leave(a, e)
+            if err is e:
+                raise
+            raise err from None
+        except DistError as e:
+            raise self._leave(a, e) from None
+        except TimeoutError as e:
+            err = self._leave(a, e)
+            if err is not e:
+                raise err from None
+            raise DistTimeoutError(f"send to rank {p.peer} ({tag_name(p.tag)}) did not finish "
                                    f"within {timeout:g} s", collective="send",
                                    group=p.group, missing=[p.peer]) from None
+        finally:
+            self._active.discard(a)
 
     async def recv_p2p(self, p, timeout: float) -> bytes | None:
         """Receive one point-to-point message into ``p.flat`` (or, for an object, return
         its bytes). CollectiveMismatchError, with the buffer untouched, if the message
         does not fit."""
+        if self.rendezvous_lost is not None:
+            raise self._no_rendezvous("recv")
         key = (p.peer, p.group.id, p.seq, p.tag, True)
         me = self.rank
 
@@ -154,8 +435,8 @@ class Engine:
             obj = bool(h.flags & FLAG_OBJECT)
             if obj != p.is_object:
                 return CollectiveMismatchError(
-                    f"recv on rank {me} from rank {h.src} (tag {p.tag}): rank {h.src} sent "
-                    f"{'an object' if obj else 'an array'} but this rank expects "
+                    f"recv on rank {me} from rank {h.src} ({tag_name(p.tag)}): rank {h.src} "
+                    f"sent {'an object' if obj else 'an array'} but this rank expects "
                     f"{'an object' if p.is_object else 'an array'}")
             if obj or (h.dtype == ops.dtype_code(p.flat.dtype) and h.count == p.flat.size
                        and h.shape == p.shape):
@@ -163,87 +444,41 @@ class Engine:
             theirs = Call(wire.Kind.P2P, p.group, p.seq, h.dtype, 0, 0, "", -1, h.count,
                           h.shape)
             return CollectiveMismatchError(
-                f"recv on rank {me} from rank {h.src} (tag {p.tag}): the message does not "
-                f"fit the buffer: sent {theirs.describe(h)[4:]}, buffer is "
+                f"recv on rank {me} from rank {h.src} ({tag_name(p.tag)}): the message does "
+                f"not fit the buffer: sent {theirs.describe(h)[4:]}, buffer is "
                 f"count={p.flat.size}, dtype={p.flat.dtype} (shape digest "
                 f"{'differs' if h.shape != p.shape else 'equal'}); the buffer is unchanged")
 
         view = None if p.flat is None else _bytes(p.flat)
+        a = self._enter(p.group, peer=p.peer)
         fut = self.mailbox.post(key, view, check)
         try:
             async with asyncio.timeout(timeout):
                 result = await fut
-        except TimeoutError:
+        except asyncio.CancelledError as e:
             self.mailbox.cancel(key)
+            err = self._leave(a, e)
+            if err is e:
+                raise
+            raise err from None
+        except DistError as e:
+            self.mailbox.cancel(key)
+            raise self._leave(a, e) from None
+        except TimeoutError as e:
+            self.mailbox.cancel(key)
+            err = self._leave(a, e)
+            if err is not e:
+                raise err from None
             self._give_back_p2p_seq(p)
-            raise DistTimeoutError(f"recv on rank {me} from rank {p.peer} (tag {p.tag}) "
+            raise DistTimeoutError(f"recv on rank {me} from rank {p.peer} ({tag_name(p.tag)}) "
                                    f"timed out after {timeout:g} s: no matching send",
                                    collective="recv", group=p.group,
                                    missing=[p.peer]) from None
-        except BaseException:
-            self.mailbox.cancel(key)
-            raise
+        finally:
+            self._active.discard(a)
         return result[1] if view is None else None
 
-    def peer_lost(self, rank: int, reason: str) -> None:
-        """The rendezvous says ``rank`` is gone: fail everything that needs it."""
-        if rank < 0:
-            exc = PeerLostError(f"rank {self.rank} lost the rendezvous: {reason}")
-            for a in list(self._active):
-                self._fail(a, exc)
-            return
-        self.lost[rank] = reason
-        exc = PeerLostError(f"rank {rank} was lost: {reason}", ranks=[rank])
-        # a lost rank's own error also names it; receives from it can never complete
-        self.mailbox.peer_dead(rank, exc)
-        for a in list(self._active):
-            if rank in a.call.group:
-                self._fail(a, PeerLostError(
-                    f"{a.call.kind.name.lower()} on {a.call.group!r} failed on rank "
-                    f"{self.rank}: rank {rank} was lost ({reason})", ranks=[rank],
-                    collective=a.call.kind.name.lower(), group=a.call.group))
-
-    def connection_lost(self, rank: int, reason: str) -> None:
-        """A direct connection to ``rank`` broke: receives from it can never complete.
-
-        The error waits a moment for the rendezvous' news, so that it can name the rank
-        that was lost first (the root cause) when ``rank`` only left because of it.
-        """
-        asyncio.get_running_loop().call_later(ROOT_CAUSE_GRACE, self._connection_gone, rank,
-                                              reason)
-
-    def _connection_gone(self, rank: int, reason: str) -> None:
-        if rank in self.lost:
-            return  # already failed with the rendezvous' reason
-        earlier = {r: why for r, why in self.lost.items() if r != rank}
-        msg = f"rank {rank} was lost (connection: {reason})"
-        if earlier:
-            msg += "; before it, " + "; ".join(f"rank {r} was lost ({why})"
-                                               for r, why in sorted(earlier.items()))
-        self.mailbox.peer_dead(rank, PeerLostError(msg, ranks=[rank, *earlier]))
-
-    def abort_received(self, body: dict) -> None:
-        key = (body["group"], body["seq"])
-        reason = body["reason"]
-        for a in list(self._active):
-            if (a.call.group.id, a.call.seq) == key:
-                self._fail(a, CollectiveMismatchError(reason))
-                return
-        self._aborted[key] = reason
-
-    def _frame_mismatch(self, group: int, seq: int, err: Exception) -> None:
-        """A frame of a running collective, not yet asked for, does not fit the call."""
-        for a in list(self._active):
-            if (a.call.group.id, a.call.seq) == (group, seq) and a.error is None:
-                self._broadcast_abort(a.call, str(err))
-                self._fail(a, err)
-
-    def _fail(self, a: _Active, exc: BaseException) -> None:
-        if a.error is None:
-            a.error = exc
-        self.mailbox.fail_group(a.call.group.id, a.call.seq, exc)
-
-    # ------------------------------------------------------------------ execution
+    # ------------------------------------------------------------------ collectives
 
     def send_first(self, call: Call, schedule: Schedule, bufs: dict[str, np.ndarray],
                    loop: asyncio.AbstractEventLoop) -> frozenset[int]:
@@ -251,7 +486,7 @@ class Engine:
         frames to peers already connected over Unix sockets, so that they need not wait
         for the loop to wake up. Returns the indexes (in the first step's comms) of the
         sends done; :meth:`run` skips them."""
-        if not schedule.steps:
+        if not schedule.steps or call.group.id in self.broken:
             return frozenset()
         ranks = call.group.ranks
         itemsize = next(iter(bufs.values())).itemsize
@@ -265,40 +500,64 @@ class Engine:
         return frozenset(done)
 
     async def run(self, call: Call, schedule: Schedule, bufs: dict[str, np.ndarray],
-                  op: ReduceOp, timeout: float, sent: frozenset[int] = frozenset()) -> None:
+                  op: ReduceOp, timeout: float, sent: frozenset[int] = frozenset(),
+                  prologue: Callable[[], Awaitable[None]] | None = None) -> None:
         """Execute ``schedule`` on ``bufs`` (flat arrays by name), with a deadline;
-        ``sent``: the first step's sends that :meth:`send_first` did."""
+        ``sent``: the first step's sends that :meth:`send_first` did; ``prologue``: what
+        must happen first, under the same deadline and checks (a shared-memory set-up).
+
+        On any failure the call raises on this rank, the other ranks of the group hear
+        of it (their same call fails too), and the group is unusable afterwards."""
         group = call.group
-        lost = [r for r in group.ranks if r in self.lost]
-        if lost:
-            raise PeerLostError(f"{call.kind.name.lower()} on {group!r}: rank(s) {lost} "
-                                f"were lost earlier ({self.lost[lost[0]]})", ranks=lost,
-                                collective=call.kind.name.lower(), group=group)
-        reason = self._aborted.pop((group.id, call.seq), None)
-        if reason is not None:
-            raise CollectiveMismatchError(reason)
-        active = _Active(call)
-        self._active.add(active)
+        key = (group.id, call.seq)
+        refused = self._refusal(call)
+        if refused is not None:
+            self._done(key, None)
+            self._break(call, refused, tell=not isinstance(refused, PeerLostError))
+            raise refused
+        active = self._enter(group, call)
         waiting: set[int] = set()
+        ok = False
         try:
-            early = self.mailbox.expect(group.id, call.seq, self._checker(call, -1))
-            if early is not None:
-                raise early
-            async with asyncio.timeout(timeout):
-                await self._execute(active, schedule, bufs, op, waiting, sent)
-        except TimeoutError:
-            raise await self._timeout_error(call, timeout, waiting) from None
-        except CollectiveMismatchError as e:
-            if active.error is None:  # found here: tell the others
-                self._broadcast_abort(call, str(e))
+            try:
+                early = self.mailbox.expect(group.id, call.seq, self._checker(call, -1))
+                if early is not None:
+                    raise early
+                async with asyncio.timeout(timeout):
+                    if prologue is not None:
+                        await prologue()
+                    await self._execute(active, schedule, bufs, op, waiting, sent)
+                ok = True
+            except asyncio.CancelledError as e:
+                err = self._leave(active, e)
+                if err is e:
+                    raise
+                raise err from None
+            except DistError as e:
+                raise self._leave(active, e) from None
+            except TimeoutError as e:
+                err = self._leave(active, e)
+                if err is not e:
+                    raise err from None
+                raise await self._timeout_error(call, timeout, waiting) from None
+        except DistError as e:
+            self._break(call, e, tell=not active.quiet)
             raise
         finally:
-            self.mailbox.unexpect(group.id, call.seq)
             self._active.discard(active)
-            for key in active.keys:
-                self.mailbox.cancel(key)
-            if active.error is not None:
-                self.mailbox.drop_early(group.id, call.seq)
+            self.mailbox.unexpect(group.id, call.seq)
+            for k in active.keys:
+                self.mailbox.cancel(k)
+            self._done(key, call if ok else None)
+            leftover = self.mailbox.drop_early(group.id, call.seq)
+            if ok and leftover:  # sent for this call, yet it finished without them
+                self._unexpected(leftover[0])
+
+    def _done(self, key: tuple[int, int], call: Call | None) -> None:
+        """Remember how a call ended (None: it failed), for frames that come late."""
+        self._finished[key] = call
+        if len(self._finished) > FINISHED_KEPT:
+            self._finished.popitem(last=False)
 
     async def _execute(self, active: _Active, schedule: Schedule, bufs: dict[str, np.ndarray],
                        op: ReduceOp, waiting: set[int], sent: frozenset[int]) -> None:
@@ -339,7 +598,13 @@ class Engine:
 
     async def _send(self, call: Call, dst: int, s: Send, bufs: dict[str, np.ndarray],
                     itemsize: int) -> None:
-        await self.endpoint.send(dst, *self._frame(call, s, bufs, itemsize))
+        try:
+            await self.endpoint.send(dst, *self._frame(call, s, bufs, itemsize))
+        except PeerLostError as e:
+            err = await self._explain(dst, e)
+            raise PeerLostError(f"{call.name} on {call.group!r} failed on rank {self.rank}: "
+                                f"{err}", ranks=err.ranks, collective=call.name,
+                                group=call.group, left=err.left) from None
 
     def _frame(self, call: Call, s: Send, bufs: dict[str, np.ndarray],
                itemsize: int) -> tuple[bytes, memoryview | None]:
@@ -362,20 +627,25 @@ class Engine:
                 f"called {call.describe(h)} where rank {self.rank} called {call.describe()}")
         return check
 
-    def _broadcast_abort(self, call: Call, reason: str) -> None:
-        if self.client is None:
+    def _broadcast_abort(self, call: Call, exc: DistError) -> None:
+        if self.client is None or self.rendezvous_lost is not None:
             return
+        body = {"t": "abort", "ranks": list(call.group.ranks), "group": call.group.id,
+                "seq": call.seq, "reason": str(exc), "kind": "mismatch"}
+        if isinstance(exc, PeerLostError):
+            body.update(kind="lost", lost=list(exc.ranks), left=exc.left)
+        elif isinstance(exc, DistTimeoutError):
+            body.update(kind="timeout", missing=list(exc.missing))
         try:
-            self.client.notify({"t": "abort", "ranks": list(call.group.ranks),
-                                "group": call.group.id, "seq": call.seq, "reason": reason})
+            self.client.notify(body)
         except Exception as e:  # the job is already failing; the local error still raises
             log.debug("could not broadcast abort: %s", e)
 
     async def _timeout_error(self, call: Call, timeout: float,
                              waiting: set[int]) -> DistTimeoutError:
-        name = call.kind.name.lower()
+        name = call.name
         missing: list[int] = []
-        if self.client is not None:
+        if self.client is not None and self.rendezvous_lost is None:
             try:
                 reply = await self.client.request(
                     {"t": "progress", "group": call.group.id, "ranks": list(call.group.ranks)},
@@ -392,6 +662,30 @@ class Engine:
             f"{name} on {call.group!r} (call #{call.seq}) timed out after {timeout:g} s on "
             f"rank {self.rank}; {detail}", collective=name, group=call.group,
             missing=missing or sorted(waiting))
+
+
+def _abort_error(body: dict) -> DistError:
+    """The error an abort from another rank raises here."""
+    reason, kind = body["reason"], body.get("kind", "mismatch")
+    if kind == "lost":
+        return PeerLostError(reason, ranks=body.get("lost", ()), left=body.get("left", False))
+    if kind == "timeout":
+        by = body.get("by")
+        return DistTimeoutError(reason if by is None else f"{reason} (reported by rank {by})",
+                                missing=body.get("missing", ()))
+    return CollectiveMismatchError(reason)
+
+
+def _again(exc: DistError, prefix: str) -> DistError:
+    """An error of the same kind as ``exc``, for a later call refused because of it."""
+    msg = f"{prefix}: {exc}"
+    if isinstance(exc, PeerLostError):
+        return PeerLostError(msg, ranks=exc.ranks, collective=exc.collective,
+                             group=exc.group, left=exc.left)
+    if isinstance(exc, DistTimeoutError):
+        return DistTimeoutError(msg, collective=exc.collective, group=exc.group,
+                                missing=exc.missing)
+    return type(exc)(msg)
 
 
 def _bytes(a: np.ndarray) -> memoryview:

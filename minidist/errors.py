@@ -24,17 +24,21 @@ class DistTimeoutError(DistError, TimeoutError):
 
 
 class PeerLostError(DistError, ConnectionError):
-    """A peer process died or closed its connections while this rank needed it.
+    """A peer process died, or left the job, while this rank needed it.
 
-    ``ranks`` holds the global ranks that were lost.
+    ``ranks`` holds the global ranks that were lost (empty when the rendezvous itself
+    was lost and nobody can say which). ``left`` is True when they left normally (their
+    script returned or called ``destroy()``), False when one of them died (crashed,
+    was killed, or its node vanished).
     """
 
     def __init__(self, message: str, *, ranks: Iterable[int] = (), collective: str = "",
-                 group: object = None) -> None:
+                 group: object = None, left: bool = False) -> None:
         super().__init__(message)
         self.ranks = tuple(sorted(ranks))
         self.collective = collective
         self.group = group
+        self.left = left
 
 
 class CollectiveMismatchError(DistError, ValueError):

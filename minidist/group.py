@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 class Group:
     """A set of ranks that run collectives together.
 
-    ``ranks[i]`` is the global rank of group rank ``i``. ``id`` is the same on every
+    ``ranks[i]`` is the global rank of group rank ``i``. ``timeout`` (seconds), when
+    set, bounds every call on the group instead of the job's timeout. ``id`` is the same on every
     member and distinct from every other group of the job: it follows from the members
     and the order in which the members created groups with exactly those members.
     """
@@ -19,6 +20,8 @@ class Group:
     id: int
     ranks: tuple[int, ...]
     name: str = ""
+    #: seconds every call on this group may take (None: the job's timeout)
+    timeout: float | None = field(default=None, compare=False)
     _index: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:

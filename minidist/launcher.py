@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import hashlib
 import os
@@ -89,7 +90,9 @@ class Launcher:
             hashlib.sha256(f"minidist:{opts.master_addr}:{opts.master_port}".encode())
             .hexdigest() if opts.nnodes > 1 else secrets.token_hex(16))
         self.children: list[_Child] = []
-        self.first_failure: int | None = None
+        self.first_failure: int | None = None  # the job's exit code once a rank failed
+        self._failures: list[int] = []  # exit codes of ranks that failed on their own
+        self._killing = False  # the launcher is stopping ranks: their codes are its doing
         self.port = opts.master_port
         self._listeners: list[socket.socket] = []
         self._stopping = False
@@ -128,6 +131,7 @@ class Launcher:
         self._listeners = bind_listeners("127.0.0.1" if o.nnodes == 1 else "0.0.0.0",
                                          o.master_port, addresses.job_key(self.secret.encode()))
         self.port = self._listeners[-1].getsockname()[1]
+        shm.sweep_orphans()  # names left by jobs whose every process was killed
         if o.start_method == "fork":
             _preload()
             gc.freeze()  # the children's collections leave the shared pages alone
@@ -144,14 +148,17 @@ class Launcher:
         o = self.opts
         cmd = o.command or [sys.executable, "-u", *(["-m"] if o.module else []), o.target,
                             *o.args]
+        launcher = os.getpid()
         p = subprocess.Popen(cmd, env={**os.environ, **self._child_env(local)},
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, start_new_session=True)
+                             stderr=subprocess.PIPE, start_new_session=True,
+                             preexec_fn=lambda: die_with(launcher))
         return _Child(rank, p.pid, p.stdout.fileno(), p.stderr.fileno(), p)
 
     def _fork(self, rank: int, local: int) -> _Child:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        launcher = os.getpid()
         pid = os.fork()
         if pid:
             os.close(out_w)
@@ -161,6 +168,7 @@ class Launcher:
         code = 1
         try:
             os.setsid()
+            die_with(launcher)
             for c in self.children:
                 os.close(c.out_fd)
                 os.close(c.err_fd)
@@ -244,17 +252,25 @@ class Launcher:
 
     async def _watch(self, c: _Child, server: RendezvousServer | None) -> None:
         rc = await self._wait_child(c)
-        if rc != 0 and self.first_failure is None and not self._stopping:
-            self.first_failure = rc if rc > 0 else 128 - rc
+        if server is not None and not self._killing:
+            server.rank_exited(c.rank, rc)
+        if rc == 0 or self._killing:
+            return
+        self._failures.append(rc)
+        # a rank killed by a signal is the root cause of the others' failures: its code
+        # is the job's, even when a survivor's exit was seen first
+        killed = [f for f in self._failures if f < 0]
+        code = killed[0] if killed else self._failures[0]
+        self.first_failure = code if code > 0 else 128 - code
+        if len(self._failures) == 1 and not self._stopping:
             self._note(f"rank {c.rank} exited with code {rc}; stopping the job "
                        f"(the other ranks get {self.opts.grace:g} s to report)")
-            if server is not None:
-                server.declare_lost(c.rank, f"its process exited with code {rc}")
             asyncio.get_running_loop().create_task(self._teardown(self.opts.grace))
 
     async def _teardown(self, grace: float) -> None:
         self._stopping = True
         await self._wait_all(grace)
+        self._killing = True
         self._kill_all(signal.SIGTERM)
         await self._wait_all(KILL_AFTER)
         self._kill_all(signal.SIGKILL)
@@ -262,6 +278,7 @@ class Launcher:
     def _on_signal(self, sig: int) -> None:
         if self.first_failure is None:
             self.first_failure = 128 + sig
+        self._killing = True
         if self._stopping:  # a second Ctrl-C: no more waiting
             self._kill_all(signal.SIGKILL)
             return
@@ -307,6 +324,18 @@ class Launcher:
     def _note(self, text: str) -> None:
         self._err.write(f"minidist run: {text}\n".encode())
         self._err.flush()
+
+
+def die_with(parent: int) -> None:
+    """In a new rank: be killed when the launcher ``parent`` dies (Linux's
+    PR_SET_PDEATHSIG), so that a killed launcher leaves no rank behind."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux: ranks notice the lost rendezvous instead
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
 
 
 def _preload() -> None:

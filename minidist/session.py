@@ -113,7 +113,10 @@ class Session:
             await self.agent.start(timeout=self.timeout)
         engine = self.engine
         self.client = RendezvousClient(cfg.secret, engine.peer_lost, engine.abort_received,
-                                       lambda gid: engine.entered.get(gid, 0))
+                                       lambda gid: engine.entered.get(gid, 0),
+                                       engine.peers_left)
+        if cfg.launcher != "minidist" and cfg.local_world_size == cfg.world_size:
+            engine.rendezvous_host = 0  # rank 0's process hosts it (else a launcher)
         engine.client = self.client
         self.endpoint = Endpoint(addresses.job_key(cfg.secret), cfg.rank, cfg.secret,
                                  self.mailbox, engine.connection_lost,
@@ -161,6 +164,8 @@ class Session:
                 await self.server.wait_all_left(self.timeout)
             await self.server.close()
             shm.sweep(self.job)
+        if self.engine.lost:  # a rank killed while setting up a segment left its name
+            shm.sweep_orphans(self.job)
         if self.agent is not None:
             if graceful:  # the other ranks of this node still talk through it
                 await self.agent.wait_all_left(self.timeout)
@@ -168,14 +173,20 @@ class Session:
 
     # ------------------------------------------------------------------ groups
 
-    def new_group(self, ranks: list[int] | None = None) -> Group | object:
+    def new_group(self, ranks: list[int] | None = None,
+                  timeout: float | None = None) -> Group | object:
         """See :func:`minidist.new_group`."""
+        timeout = _timeout(timeout)
         members = _members(ranks, self.cfg.world_size)
         ordinal = self._group_counts.get(members, 0)
         self._group_counts[members] = ordinal + 1
         if self.rank not in members:
             return NON_GROUP_MEMBER
-        return Group(group_id(members, ordinal), members)
+        return Group(group_id(members, ordinal), members, timeout=timeout)
+
+    def timeout_of(self, g: Group) -> float:
+        """The deadline, in seconds, of one call on ``g``."""
+        return self.timeout if g.timeout is None else g.timeout
 
     def group(self, group: Group | object | None, what: str) -> Group:
         """The group a call runs on; NotInGroupError if this rank is not a member."""
@@ -205,6 +216,12 @@ class Session:
         g = self.group(group, "broadcast")
         if src not in g:
             raise ValueError(f"broadcast: src {src} is not a member of {g!r}")
+        if self.rank == src and isinstance(array, np.ndarray) and not array.flags.writeable:
+            # the source is only read: a private copy lets the schedule use it as a buffer
+            user, flat = None, np.array(array, copy=True).reshape(-1)
+            ops.dtype_code(flat.dtype)
+            return self._prepare(wire.Kind.BROADCAST, g, array, flat, ReduceOp.SUM, src,
+                                 algorithm, False, copy_back=False)
         user, flat = _flat(array, "broadcast")
         return self._prepare(wire.Kind.BROADCAST, g, user, flat, ReduceOp.SUM, src, algorithm,
                              False)
@@ -293,8 +310,8 @@ class Session:
     def _prepare(self, kind: wire.Kind, g: Group, user: np.ndarray, flat: np.ndarray,
                  op: ReduceOp, root: int, algorithm: str | None, finish: bool,
                  inp: np.ndarray | None = None, count: int | None = None,
-                 shape: tuple[int, ...] | None = None) -> Prepared:
-        copied = user if not user.flags.c_contiguous else None
+                 shape: tuple[int, ...] | None = None, copy_back: bool = True) -> Prepared:
+        copied = user if copy_back and not user.flags.c_contiguous else None
         count = flat.size if count is None else count
         bufs = {"out": flat, "in": flat if inp is None else inp}
         if g.size == 1:
@@ -402,7 +419,7 @@ class Session:
         return rank
 
     async def send(self, p: P2P) -> None:
-        await self.engine.send_p2p(p, self.timeout)
+        await self.engine.send_p2p(p, self.timeout_of(p.group))
 
     def send_now(self, p: P2P, loop: asyncio.AbstractEventLoop) -> bool:
         """From the caller's thread: send a small message directly if the connection
@@ -411,7 +428,7 @@ class Session:
 
     async def recv(self, p: P2P) -> bytes | None:
         """Receive into the prepared array, or return an object's bytes."""
-        payload = await self.engine.recv_p2p(p, self.timeout)
+        payload = await self.engine.recv_p2p(p, self.timeout_of(p.group))
         if p.user is not None:
             np.copyto(p.user, p.flat.reshape(p.user.shape))
         return payload
@@ -469,17 +486,23 @@ class Session:
         out = p.bufs["out"]
         if p.call is not None and p.schedule.shared_tmp:
             g = p.call.group
-            lock = self._shm_locks.setdefault(g.id, asyncio.Lock())
-            async with lock:  # calls on one group share its segment: one at a time
+
+            async def map_segment() -> None:
+                # inside the call: a rank that chose another algorithm is found out here
                 seg = await self._segment(g)
                 p.bufs["tmp"] = np.frombuffer(seg, out.dtype, p.schedule.tmp_size)
+
+            lock = self._shm_locks.setdefault(g.id, asyncio.Lock())
+            async with lock:  # calls on one group share its segment: one at a time
                 try:
-                    await self.engine.run(p.call, p.schedule, p.bufs, p.op, self.timeout)
+                    await self.engine.run(p.call, p.schedule, p.bufs, p.op,
+                                          self.timeout_of(g), prologue=map_segment)
                 finally:
                     p.bufs["tmp"] = None
         elif p.call is not None:
             try:
-                await self.engine.run(p.call, p.schedule, p.bufs, p.op, self.timeout, p.sent)
+                await self.engine.run(p.call, p.schedule, p.bufs, p.op,
+                                          self.timeout_of(p.call.group), p.sent)
             finally:
                 self._give_back(p.bufs.pop("tmp", None))
         if p.finish:
@@ -544,6 +567,17 @@ def _flat(array: object, what: str) -> tuple[np.ndarray, np.ndarray]:
     if array.flags.c_contiguous:
         return array, array.reshape(-1)
     return array, np.ascontiguousarray(array).reshape(-1)
+
+
+def _timeout(timeout: object) -> float | None:
+    """A group's timeout in seconds (None: the job's); a timedelta is accepted."""
+    if timeout is None:
+        return None
+    if hasattr(timeout, "total_seconds"):
+        timeout = timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        raise ValueError(f"timeout must be a number of seconds >= 0, not {timeout!r}")
+    return float(timeout)
 
 
 def _members(ranks: object, world_size: int) -> tuple[int, ...]:

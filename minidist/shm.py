@@ -57,3 +57,32 @@ def sweep(job: str) -> list[str]:
             os.unlink(path)
             removed.append(os.path.basename(path))
     return removed
+
+
+def sweep_orphans(job: str | None = None) -> list[str]:
+    """Remove segment names (of one job, or of any job) whose creator has died: a name
+    lives only while its creator sets the segment up, so such a name is garbage. Names
+    of other users' segments that cannot be removed are left alone."""
+    removed = []
+    pattern = f"minidist-{job}-*" if job else "minidist-*"
+    for path in glob.glob(os.path.join(SHM_DIR, pattern)):
+        try:
+            pid = int(path.rsplit("-", 1)[1])
+        except ValueError:
+            continue
+        if _alive(pid):
+            continue
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            os.unlink(path)
+            removed.append(os.path.basename(path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -5,8 +5,9 @@ Three kinds of bytes travel on minidist connections:
 * the **handshake**, fixed-size so an acceptor reads a bounded number of bytes from a
   stranger: the acceptor sends a :data:`CHALLENGE_SIZE`-byte challenge with a random
   nonce, the connector answers with a :data:`HELLO_SIZE`-byte hello carrying an
-  HMAC-SHA256 of the nonce and its identity under the job secret, and the acceptor
-  answers a :data:`ACK_SIZE`-byte ack (status 0 = admitted);
+  HMAC-SHA256 of both nonces and its identity under the job secret plus a nonce of its
+  own, and the acceptor answers a :data:`ACK_SIZE`-byte ack (status 0 = admitted) whose
+  HMAC proves in turn that the acceptor knows the secret: both ends authenticate;
 * **data frames** between processes: a :data:`HEADER_SIZE`-byte header, then the raw
   array bytes (never pickled);
 * **control messages** to and from the rendezvous/agent: a 12-byte header, a UTF-8
@@ -28,17 +29,19 @@ from typing import Any
 
 from .errors import ProtocolError
 
-VERSION = 1
+VERSION = 2
 
 # --------------------------------------------------------------------------- handshake
 
 _CHALLENGE = struct.Struct("<4sBB2x16s")  # magic, version, acceptor role, nonce
-_HELLO = struct.Struct("<4sBBxxii32s")  # magic, version, connector role, src, dst, mac
-_ACK = struct.Struct("<4sBBxx")  # magic, version, status
+# magic, version, connector role, src, dst, connector's nonce, mac
+_HELLO = struct.Struct("<4sBBxxii16s32s")
+_ACK = struct.Struct("<4sBBxx32s")  # magic, version, status, mac
 CHALLENGE_SIZE = _CHALLENGE.size
 HELLO_SIZE = _HELLO.size
 ACK_SIZE = _ACK.size
 _HS_MAGIC = b"MDHS"
+_NO_MAC = bytes(32)
 
 
 class Role(enum.IntEnum):
@@ -71,16 +74,30 @@ def decode_challenge(data: bytes) -> tuple[Role, bytes]:
     return _role(role), nonce
 
 
-def hello_mac(secret: bytes, nonce: bytes, role: Role, src: int, dst: int) -> bytes:
-    """The proof a connector sends: HMAC-SHA256(secret, nonce || role || src || dst)."""
-    msg = nonce + struct.pack("<Bii", role, src, dst)
+def hello_mac(secret: bytes, nonce: bytes, answer: bytes, role: Role, src: int,
+              dst: int) -> bytes:
+    """The connector's proof: HMAC-SHA256(secret, "hello" || acceptor's nonce ||
+    connector's nonce || role || src || dst)."""
+    msg = b"hello" + nonce + answer + struct.pack("<Bii", role, src, dst)
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
-def encode_hello(secret: bytes, nonce: bytes, role: Role, src: int, dst: int) -> bytes:
-    """The connector's answer to a challenge: who it is, whom it wants, and the proof."""
-    return _HELLO.pack(_HS_MAGIC, VERSION, role, src, dst,
-                       hello_mac(secret, nonce, role, src, dst))
+def ack_mac(secret: bytes, nonce: bytes, answer: bytes, status: AckStatus) -> bytes:
+    """The acceptor's proof: HMAC-SHA256(secret, "ack" || acceptor's nonce || connector's
+    nonce || status). Distinct from :func:`hello_mac`, so neither can be replayed as the
+    other."""
+    msg = b"ack" + nonce + answer + struct.pack("<B", status)
+    return hmac.new(secret, msg, hashlib.sha256).digest()
+
+
+def encode_hello(secret: bytes, nonce: bytes, role: Role, src: int, dst: int,
+                 answer: bytes) -> bytes:
+    """The connector's answer to a challenge: who it is, whom it wants, its own 16-byte
+    nonce ``answer`` (which the acceptor's ack must prove it saw) and the proof."""
+    if len(answer) != 16:
+        raise ValueError("nonce must be 16 bytes")
+    return _HELLO.pack(_HS_MAGIC, VERSION, role, src, dst, answer,
+                       hello_mac(secret, nonce, answer, role, src, dst))
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,34 +105,47 @@ class Hello:
     role: Role
     src: int
     dst: int
+    nonce: bytes  # the connector's nonce
     mac: bytes
 
     def verify(self, secret: bytes, nonce: bytes) -> bool:
-        """True if the hello proves knowledge of ``secret`` for this nonce."""
-        good = hello_mac(secret, nonce, self.role, self.src, self.dst)
+        """True if the hello proves knowledge of ``secret`` for this challenge nonce."""
+        good = hello_mac(secret, nonce, self.nonce, self.role, self.src, self.dst)
         return hmac.compare_digest(good, self.mac)
 
 
 def decode_hello(data: bytes) -> Hello:
     """Parse a hello; ProtocolError if the bytes are not one (nothing is trusted yet)."""
-    magic, version, role, src, dst, mac = _unpack(_HELLO, data, "hello")
+    magic, version, role, src, dst, answer, mac = _unpack(_HELLO, data, "hello")
     _check(magic == _HS_MAGIC, "bad handshake magic")
     _check(version == VERSION, f"protocol version {version}, expected {VERSION}")
-    return Hello(_role(role), src, dst, mac)
+    return Hello(_role(role), src, dst, answer, mac)
 
 
-def encode_ack(status: AckStatus) -> bytes:
-    return _ACK.pack(_HS_MAGIC, VERSION, status)
+def encode_ack(status: AckStatus, secret: bytes | None = None, nonce: bytes = b"",
+               answer: bytes = b"") -> bytes:
+    """The acceptor's verdict. An OK ack carries :func:`ack_mac` (``secret``, the
+    challenge's ``nonce`` and the hello's ``answer`` are needed); a refusal proves
+    nothing."""
+    mac = ack_mac(secret, nonce, answer, status) if secret is not None else _NO_MAC
+    return _ACK.pack(_HS_MAGIC, VERSION, status, mac)
 
 
-def decode_ack(data: bytes) -> AckStatus:
-    magic, version, status = _unpack(_ACK, data, "ack")
+def decode_ack(data: bytes, secret: bytes | None = None, nonce: bytes = b"",
+               answer: bytes = b"") -> AckStatus:
+    """The status of an ack. With ``secret``, an OK ack must also prove that the
+    acceptor knows the secret and saw this handshake's nonces (ProtocolError if not)."""
+    magic, version, status, mac = _unpack(_ACK, data, "ack")
     _check(magic == _HS_MAGIC, "bad handshake magic")
     _check(version == VERSION, f"protocol version {version}, expected {VERSION}")
     try:
-        return AckStatus(status)
+        status = AckStatus(status)
     except ValueError:
         raise ProtocolError(f"unknown ack status {status}") from None
+    if status == AckStatus.OK and secret is not None:
+        _check(hmac.compare_digest(ack_mac(secret, nonce, answer, status), mac),
+               "the acceptor does not know the job secret (its ack does not verify)")
+    return status
 
 
 # --------------------------------------------------------------------------- data frames

@@ -31,13 +31,17 @@ def node_identity() -> str:
 
 class RendezvousClient:
     """One rank's control connection. Pushed events go to the callbacks:
-    ``on_lost(rank, reason)``, ``on_abort(body)``, and ``on_query(group) -> int``."""
+    ``on_lost(rank, reason)`` (a rank died; -1: the rendezvous itself is gone),
+    ``on_left(ranks)`` (ranks left normally), ``on_abort(body)``, and
+    ``on_query(group) -> int``."""
 
     def __init__(self, secret: bytes, on_lost: Callable[[int, str], None],
-                 on_abort: Callable[[dict], None], on_query: Callable[[int], int]) -> None:
+                 on_abort: Callable[[dict], None], on_query: Callable[[int], int],
+                 on_left: Callable[[list[int]], None] = lambda ranks: None) -> None:
         self.secret = secret
         self.job = addresses.job_key(secret)
         self.on_lost = on_lost
+        self.on_left = on_left
         self.on_abort = on_abort
         self.on_query = on_query
         self._reader: asyncio.StreamReader | None = None
@@ -160,6 +164,7 @@ class RendezvousClient:
         self.server_gone = reason
         err = PeerLostError(f"lost the rendezvous: {reason}")
         if self._welcome is not None and not self._welcome.done():
+            err.retry = True  # a previous init's rendezvous closing: the next one follows
             self._welcome.set_exception(err)
         for fut in self._pending.values():
             if not fut.done():
@@ -184,6 +189,8 @@ class RendezvousClient:
                 self._welcome.set_exception(err)
         elif t == "lost":
             self.on_lost(b["rank"], b.get("reason", ""))
+        elif t == "left":
+            self.on_left(list(b["ranks"]))
         elif t == "abort":
             self.on_abort(b)
         elif t == "query":

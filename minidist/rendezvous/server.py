@@ -30,6 +30,7 @@ log = logging.getLogger("minidist.rendezvous")
 QUERY_TIMEOUT = 3.0
 HEARTBEAT = 1.0  # seconds between heartbeats to and from node agents
 HEARTBEAT_TIMEOUT = 5.0  # silence after which a node is declared lost
+DEPARTURES_EVERY = 0.05  # seconds over which departures are gathered into one message
 
 
 class _Channel:
@@ -142,6 +143,8 @@ class RendezvousServer(Acceptor):
         self._closed = False
         self._shutting_down = False
         self._agents: set[_Agent] = set()
+        self._departing: list[int] = []
+        self._departures: asyncio.TimerHandle | None = None
         self.node = node_identity()
 
     # ------------------------------------------------------------------ lifecycle
@@ -163,6 +166,8 @@ class RendezvousServer(Acceptor):
 
     async def close(self) -> None:
         self._closed = True
+        if self._departures is not None:
+            self._departures.cancel()
         for s in self._listeners:
             s.close()
         if self.unix and not addresses.ABSTRACT:
@@ -189,13 +194,52 @@ class RendezvousServer(Acceptor):
             await asyncio.sleep(0.02)
 
     def declare_lost(self, rank: int, reason: str) -> None:
-        """Tell every rank that ``rank`` is gone (used by a launcher that saw it exit)."""
+        """Tell every rank that ``rank`` died (also used by a launcher that saw it exit).
+        Before every rank has joined, the ranks waiting to join are refused instead: the
+        job cannot start without it."""
         if rank in self.lost or rank in self.left:
             return
         self.lost[rank] = reason
+        if not self._welcomed:
+            for c in list(self._clients.values()):
+                c.send({"t": "error", "msg": f"rank {rank} died before every rank joined "
+                        f"the job ({reason})", "lost": [rank]})
+            return
+        self._send_all({"t": "lost", "rank": rank, "reason": reason}, skip=rank)
+
+    def rank_exited(self, rank: int, code: int) -> None:
+        """A launcher saw the process of ``rank`` exit with ``code``."""
+        if code != 0:
+            self.declare_lost(rank, f"its process exited with code {code}")
+        elif not self._welcomed and rank not in self._clients and rank not in self.left:
+            self.declare_lost(rank, "its process exited before it called init()")
+
+    def _send_all(self, body: dict[str, Any], skip: int = -1, leaving: bool = True) -> None:
+        """Send one message to every registered rank but ``skip`` (and, unless
+        ``leaving``, but those that said goodbye); encoded once for direct connections."""
+        raw = wire.encode_control(body)
         for c in list(self._clients.values()):
-            if c.rank != rank:
-                c.send({"t": "lost", "rank": rank, "reason": reason})
+            if c.rank == skip or (c.said_bye and not leaving):
+                continue
+            if c.channel.cid is None:
+                if not c.channel.closing():
+                    c.channel.writer.write(raw)
+            else:
+                c.send(body)
+
+    def _departed(self, rank: int) -> None:
+        """``rank`` left normally: tell the ranks still at work, a batch at a time (at the
+        end of a job every rank leaves at once)."""
+        self.left.add(rank)
+        self._departing.append(rank)
+        if self._departures is None and not self._closed:
+            self._departures = asyncio.get_running_loop().call_later(
+                DEPARTURES_EVERY, self._flush_departures)
+
+    def _flush_departures(self) -> None:
+        ranks, self._departing, self._departures = self._departing, [], None
+        if ranks:
+            self._send_all({"t": "left", "ranks": ranks}, leaving=False)
 
     # ------------------------------------------------------------------ connections
 
@@ -284,7 +328,7 @@ class RendezvousServer(Acceptor):
             return
         del self._clients[client.rank]
         if client.said_bye:
-            self.left.add(client.rank)
+            self._departed(client.rank)
             self._maybe_next_generation()
         elif not self._closed:
             self.declare_lost(client.rank, reason)
@@ -319,8 +363,8 @@ class RendezvousServer(Acceptor):
         elif t == "kv_num_keys":
             c.send({"t": "reply", "id": rid, "value": len(self.store)})
         elif t == "abort":
-            fwd = {"t": "abort", "group": b["group"], "seq": b["seq"], "reason": b["reason"],
-                   "by": c.rank}
+            fwd = {k: v for k, v in b.items() if k not in ("ranks", "id")}
+            fwd["by"] = c.rank
             for r in b["ranks"]:
                 peer = self._clients.get(r)
                 if peer is not None and r != c.rank:
@@ -408,6 +452,10 @@ class RendezvousServer(Acceptor):
         if not self._next or self._clients:
             return
         waiting, self._next = self._next, []
+        if self._departures is not None:  # news of the old generation: nobody to tell
+            self._departures.cancel()
+            self._departures = None
+        self._departing.clear()
         self._welcomed = False
         self._all_registered.clear()
         self.left.clear()

@@ -11,7 +11,7 @@ from typing import Any
 from .. import wire
 from ..errors import ProtocolError
 from .handoff import hand_over
-from .sockets import PeerClosed, accept_handshake, send_all, tune_tcp
+from .sockets import PeerClosed, accept_handshake, handshake_failures, send_all, tune_tcp
 
 log = logging.getLogger("minidist.transport")
 HANDSHAKE_TIMEOUT = 10.0
@@ -57,14 +57,15 @@ class Acceptor:
         rank it is for (None); a rank or agent of this job is acked (its Hello); a
         stranger is dropped (None)."""
         try:
-            hello = await accept_handshake(sock, self.secret, wire.Role.AGENT, roles, -1,
-                                           HANDSHAKE_TIMEOUT, ack=False)
+            hello, nonce = await accept_handshake(sock, self.secret, wire.Role.AGENT, roles,
+                                                  -1, HANDSHAKE_TIMEOUT, ack=False)
             if hello.role == wire.Role.PEER:
-                await hand_over(sock, hello, self.job, self.secret, HANDSHAKE_TIMEOUT)
+                await hand_over(sock, hello, nonce, self.job, self.secret, HANDSHAKE_TIMEOUT)
                 return None
-            await send_all(sock, [wire.encode_ack(wire.AckStatus.OK)])
+            await send_all(sock, [wire.encode_ack(wire.AckStatus.OK, self.secret, nonce,
+                                                  hello.nonce)])
             return hello
         except (OSError, ProtocolError, TimeoutError, PeerClosed) as e:
-            log.info("%s dropped a connection: %s", what, e)
+            handshake_failures.note(log, what, e)
             sock.close()
             return None

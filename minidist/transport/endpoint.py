@@ -19,6 +19,7 @@ from .sockets import (
     PeerClosed,
     accept_handshake,
     connect_handshake,
+    handshake_failures,
     nonblocking_unix_socket,
     recv_fd,
     send_all,
@@ -28,7 +29,6 @@ from .sockets import (
 log = logging.getLogger("minidist.transport")
 
 HANDSHAKE_TIMEOUT = 10.0
-_DISCARD = 1 << 20
 
 
 SEND_NOW_MAX = 4096  # frames up to this size may be written from the caller's thread
@@ -52,15 +52,28 @@ class Connection:
         self._tail: asyncio.Task | None = None
 
     async def send(self, header: bytes, payload: memoryview | None) -> None:
+        """Write one frame. A frame, once begun, is always finished (or the connection
+        closed): if the caller gives up (a deadline, a failure elsewhere), the rest is
+        written in the background, so the stream never carries half a frame."""
         async with self.lock:
+            while self._tail is not None:  # the rest of an earlier frame
+                await asyncio.wait([self._tail])
             while not self._writing.acquire(blocking=False):
-                # another thread is writing one small frame (microseconds), or the loop
-                # finishes what it began (see send_now)
-                await asyncio.sleep(0 if self._tail is None else 0.001)
+                await asyncio.sleep(0)  # the caller's thread writes one small frame
+            parts = [header] if payload is None else [header, payload]
             try:
-                await send_all(self.sock, [header] if payload is None else [header, payload])
-            finally:
+                sent = self.sock.sendmsg(parts)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except BaseException:
                 self._writing.release()
+                raise
+            rest = _after(parts, sent)
+            if not rest:
+                self._writing.release()
+                return
+            tail = self._write_rest(rest)
+        await asyncio.shield(tail)
 
     def send_now(self, loop: asyncio.AbstractEventLoop, header: bytes,
                  payload: memoryview | None) -> bool:
@@ -80,21 +93,26 @@ class Connection:
             self._writing.release()
             return True
         # a Unix socket takes a frame this small whole or not at all; TCP may not
-        rest = b"".join(bytes(p) for p in parts)[sent:]
-        loop.call_soon_threadsafe(self._finish, rest)
+        rest = [b"".join(bytes(p) for p in parts)[sent:]]
+        loop.call_soon_threadsafe(self._write_rest, rest)
         return True
 
-    def _finish(self, rest: bytes) -> None:
+    def _write_rest(self, rest: list[memoryview]) -> asyncio.Task:
+        """On the loop, holding ``_writing``: write the rest of a frame in a task of its
+        own, which releases ``_writing`` when done."""
         async def finish() -> None:
             try:
-                await send_all(self.sock, [rest])
-            except OSError:
-                pass  # the reader sees the broken connection
+                loop = asyncio.get_running_loop()
+                for part in rest:
+                    await loop.sock_sendall(self.sock, part)
             finally:
                 self._tail = None
                 self._writing.release()
 
         self._tail = asyncio.get_running_loop().create_task(finish())
+        # a broken socket is the reader's news; nobody may be waiting for this task
+        self._tail.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return self._tail
 
     def close(self) -> None:
         if self.reader is not None:
@@ -107,6 +125,19 @@ class Connection:
             self.sock.close()
         if writing:
             self._writing.release()
+
+
+def _after(parts: list, sent: int) -> list[memoryview]:
+    """What is left of ``parts`` once ``sent`` bytes of them were written."""
+    rest = []
+    for p in parts:
+        p = memoryview(p).cast("B")
+        if sent >= p.nbytes:
+            sent -= p.nbytes
+            continue
+        rest.append(p[sent:])
+        sent = 0
+    return rest
 
 
 class Endpoint:
@@ -133,6 +164,7 @@ class Endpoint:
         self._connecting: dict[int, asyncio.Future] = {}
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
+        self._gone: dict[int, Exception] = {}  # ranks never to be connected to again
         # global rank -> (host, port) of its node's agent, for ranks on other nodes
         self.remote: dict[int, tuple[str, int]] = {}
 
@@ -168,9 +200,17 @@ class Endpoint:
         self._all.clear()
         self._chosen.clear()
 
-    def peers(self) -> list[int]:
-        """The ranks this endpoint currently holds a connection to."""
-        return sorted({c.peer for c in self._all})
+    def forbid(self, rank: int, exc: Exception) -> None:
+        """``rank`` is gone: never connect to it again; a connection attempt in progress
+        ends now with ``exc``."""
+        self._gone.setdefault(rank, exc)
+        pending = self._connecting.get(rank)
+        if pending is not None:
+            pending.cancel()
+
+    def has_connection(self, rank: int) -> bool:
+        """True while some connection with ``rank`` (either side's) is open."""
+        return any(c.peer == rank for c in self._all)
 
     def connected(self, dst: int) -> Connection | None:
         """The open connection to global rank ``dst``, if there is one (any thread)."""
@@ -211,22 +251,26 @@ class Endpoint:
 
     async def _admit(self, sock: socket.socket) -> None:
         try:
-            hello = await accept_handshake(sock, self.secret, wire.Role.PEER,
-                                           (wire.Role.PEER, wire.Role.AGENT), self.rank,
-                                           HANDSHAKE_TIMEOUT)
+            hello, _ = await accept_handshake(sock, self.secret, wire.Role.PEER,
+                                              (wire.Role.PEER, wire.Role.AGENT), self.rank,
+                                              HANDSHAKE_TIMEOUT)
             if hello.role == wire.Role.AGENT:  # the node agent hands over a TCP connection
                 try:
                     async with asyncio.timeout(HANDSHAKE_TIMEOUT):
-                        fd = await recv_fd(sock)
+                        fd, nonces = await recv_fd(sock, 32)
                 finally:
                     sock.close()
                 sock = socket.socket(fileno=fd)
                 sock.setblocking(False)
                 tune_tcp(sock)
-                await send_all(sock, [wire.encode_ack(wire.AckStatus.OK)])
+                # the connector's hello was checked by the agent; prove we know the secret
+                await send_all(sock, [wire.encode_ack(wire.AckStatus.OK, self.secret,
+                                                      nonces[:16], nonces[16:])])
         except (OSError, ProtocolError, TimeoutError, PeerClosed) as e:
-            log.warning("rank %d dropped a connection that failed the handshake: %s",
-                        self.rank, e)
+            handshake_failures.note(log, f"rank {self.rank}", e)
+            sock.close()
+            return
+        if hello.src in self._gone:  # a rank declared gone is never talked to again
             sock.close()
             return
         self._register(Connection(sock, hello.src))
@@ -240,7 +284,7 @@ class Endpoint:
     async def _connect(self, dst: int) -> Connection:
         if dst == self.rank:
             raise ValueError("a rank cannot connect to itself")
-        dead = self.mailbox.is_dead(dst)
+        dead = self._gone.get(dst) or self.mailbox.is_dead(dst)
         if dead is not None:
             raise dead
         pending = self._connecting.get(dst)
@@ -248,7 +292,13 @@ class Endpoint:
             pending = asyncio.ensure_future(self._open(dst))
             self._connecting[dst] = pending
             pending.add_done_callback(lambda _f: self._connecting.pop(dst, None))
-        return await asyncio.shield(pending)
+        # shared by every sender to dst: one giving up does not end the attempt
+        await asyncio.wait([pending])
+        if pending.cancelled():  # forbidden while connecting
+            raise self._gone.get(dst) or PeerLostError(
+                f"rank {self.rank} could not reach rank {dst}: the endpoint closed",
+                ranks=[dst])
+        return pending.result()
 
     async def _open(self, dst: int) -> Connection:
         """Connect, retrying while the peer's backlog is full or it is not listening yet."""
@@ -262,6 +312,8 @@ class Endpoint:
                 while True:
                     if dst in self._chosen:
                         return self._chosen[dst]
+                    if dst in self._gone:
+                        raise self._gone[dst]
                     if route is None:
                         sock = nonblocking_unix_socket()
                     else:  # another node: through its agent's TCP port
@@ -275,6 +327,8 @@ class Endpoint:
                     except (OSError, PeerClosed, ProtocolError) as e:
                         sock.close()
                         last = e
+                        if isinstance(e, ProtocolError):  # not the rank: someone else
+                            handshake_failures.note(log, f"rank {self.rank}", e)
                         if isinstance(e, OSError) and e.errno not in (
                                 errno.ECONNREFUSED, errno.ENOENT, errno.EAGAIN,
                                 errno.ECONNRESET, errno.EPIPE, None):

@@ -18,9 +18,10 @@ from . import addresses
 from .sockets import connect_handshake, nonblocking_unix_socket, send_all, send_fd
 
 
-async def hand_over(sock: socket.socket, hello: wire.Hello, job: str, secret: bytes,
-                    timeout: float) -> None:
-    """Give ``sock`` (whose hello is verified) to local rank ``hello.dst``; on failure
+async def hand_over(sock: socket.socket, hello: wire.Hello, nonce: bytes, job: str,
+                    secret: bytes, timeout: float) -> None:
+    """Give ``sock`` (whose hello, answering challenge ``nonce``, is verified) to local
+    rank ``hello.dst``, with both nonces so that the rank can sign the ack; on failure
     tell the connector and close. The agent's copy of the socket is closed either way."""
     loop = asyncio.get_running_loop()
     unix = nonblocking_unix_socket()
@@ -29,7 +30,7 @@ async def hand_over(sock: socket.socket, hello: wire.Hello, job: str, secret: by
             await loop.sock_connect(unix, addresses.peer_address(job, hello.dst))
             await connect_handshake(unix, secret, wire.Role.AGENT, hello.src, hello.dst,
                                     timeout)
-            await send_fd(unix, sock.fileno())
+            await send_fd(unix, sock.fileno(), nonce + hello.nonce)
     except (OSError, TimeoutError, ProtocolError, RendezvousError) as e:
         with contextlib.suppress(OSError):
             await send_all(sock, [wire.encode_ack(wire.AckStatus.WRONG_DESTINATION)])

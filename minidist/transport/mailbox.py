@@ -33,6 +33,11 @@ class Posted:
     future: asyncio.Future = field(repr=False)
 
 
+REJECTED = Posted((0, 0, 0, 0, False), None, lambda h: None, None)
+"""What :meth:`Mailbox.claim` returns for a frame whose receive refused it: the reader
+reads its payload and drops it."""
+
+
 class Mailbox:
     """Posted receives and early (unexpected) frames of one process."""
 
@@ -43,6 +48,8 @@ class Mailbox:
         # (group, seq) of running collectives -> a check of any frame's header
         self._expect: dict[tuple[int, int], Check] = {}
         self.on_mismatch: Callable[[int, int, Exception], None] = lambda g, s, e: None
+        # a collective's frame that nobody expects: True to drop it (its call is over)
+        self.on_unexpected: Callable[[Header], bool] = lambda h: False
 
     def expect(self, group: int, seq: int, check: Check) -> Exception | None:
         """Check every frame of collective (group, seq), also those whose receive is not
@@ -86,8 +93,8 @@ class Mailbox:
     def claim(self, header: Header) -> Posted | None:
         """The posted receive for an arriving frame, removed from the table, or None.
 
-        If the header does not fit the receive, the receive's future fails and the
-        returned Posted has an empty view: the caller must read and drop the payload.
+        If the header does not fit the receive, the receive's future fails and
+        :data:`REJECTED` is returned: the caller must read and drop the payload.
         """
         p = self._posted.pop(frame_key(header), None)
         if p is None:
@@ -99,7 +106,7 @@ class Mailbox:
         if err is not None:
             if not p.future.done():
                 p.future.set_exception(err)
-            return Posted(p.key, memoryview(b""), p.check, p.future)
+            return REJECTED
         return p
 
     def deposit(self, header: Header, payload: bytearray) -> None:
@@ -110,8 +117,10 @@ class Mailbox:
         if posted is not None:
             self._deliver(posted, header, payload)
             return
-        self._early[key] = (header, payload)
         check = self._expect.get((key[1], key[2])) if not key[4] else None
+        if check is None and not key[4] and self.on_unexpected(header):
+            return
+        self._early[key] = (header, payload)
         if check is not None:
             err = check(header)
             if err is not None:
@@ -133,10 +142,11 @@ class Mailbox:
             if not p.future.done():
                 p.future.set_exception(exc)
 
-    def drop_early(self, group: int, seq: int) -> None:
-        """Forget frames of a collective that will never be received (it failed)."""
-        for key in [k for k in self._early if k[1] == group and k[2] == seq and not k[4]]:
-            del self._early[key]
+    def drop_early(self, group: int, seq: int) -> list[Header]:
+        """Forget frames of a collective that will never be received; return their
+        headers."""
+        keys = [k for k in self._early if k[1] == group and k[2] == seq and not k[4]]
+        return [self._early.pop(k)[0] for k in keys]
 
     def is_dead(self, src: int) -> Exception | None:
         return self._dead.get(src)

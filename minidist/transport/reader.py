@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import wire
 from ..errors import ProtocolError
-from .mailbox import Mailbox, Posted
+from .mailbox import REJECTED, Mailbox, Posted
 
 STAGE = 1 << 16
 
@@ -102,9 +102,8 @@ class FrameReader:
             body = self.start + wire.HEADER_SIZE
             have = min(self.end - body, h.nbytes)
             posted = self.mailbox.claim(h)
-            if posted is not None and posted.view is not None and \
-                    posted.view.nbytes != h.nbytes:
-                posted, dest, keep = None, None, None  # rejected by the receive's check
+            if posted is REJECTED:
+                posted, dest, keep = None, None, None  # refused by the receive's check
             elif posted is not None and posted.view is not None:
                 dest, keep = posted.view, None
             else:  # not asked for yet, or of any size: keep the bytes (not zero-filled)

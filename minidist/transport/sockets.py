@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
+import struct
+import time
 
 from .. import wire
 from ..errors import ProtocolError, RendezvousError
@@ -55,13 +58,61 @@ def nonblocking_unix_socket() -> socket.socket:
     return s
 
 
+def peer_uid(sock: socket.socket) -> int | None:
+    """The user id of the process at the other end of a Unix socket (SO_PEERCRED), or
+    None where the system cannot tell."""
+    if sock.family != socket.AF_UNIX or not hasattr(socket, "SO_PEERCRED"):
+        return None
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    return struct.unpack("3i", creds)[1]
+
+
+def check_peer_uid(sock: socket.socket) -> None:
+    """ProtocolError if a Unix socket's other end runs as another user than this process
+    (minidist's Unix addresses are visible to every local user)."""
+    uid = peer_uid(sock)
+    if uid is not None and uid != os.geteuid():
+        raise ProtocolError(f"the other end of a Unix socket runs as uid {uid}, not this "
+                            f"job's uid {os.geteuid()}")
+
+
+class HandshakeFailures:
+    """Counts connections refused by the handshake; logs them at most once a minute, so
+    that a stranger hammering a port cannot flood the job's output."""
+
+    EVERY = 60.0
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._since = 0
+        self._last = -float("inf")
+
+    def note(self, logger: logging.Logger, where: str, err: BaseException) -> None:
+        self.total += 1
+        self._since += 1
+        now = time.monotonic()
+        if now - self._last >= self.EVERY:
+            logger.warning("%s refused %d connection(s) that failed the handshake since the "
+                           "last report (latest: %s)", where, self._since, err)
+            self._since = 0
+            self._last = now
+
+
+handshake_failures = HandshakeFailures()
+
+
 async def accept_handshake(sock: socket.socket, secret: bytes, my_role: wire.Role,
                            expect_role: wire.Role | tuple[wire.Role, ...], my_rank: int,
-                           timeout: float, ack: bool = True) -> wire.Hello:
-    """Run the acceptor's side of the handshake; ProtocolError (and nothing else read)
-    if the connector does not prove it knows the secret. With ``ack`` False the caller
+                           timeout: float, ack: bool = True) -> tuple[wire.Hello, bytes]:
+    """Run the acceptor's side of the handshake; return (the connector's hello, the
+    challenge nonce). ProtocolError (and nothing else read) if the connector does not
+    prove it knows the secret, or runs as another user. With ``ack`` False the caller
     answers later (an agent handing the connection over to the rank it is for)."""
     roles = expect_role if isinstance(expect_role, tuple) else (expect_role,)
+    check_peer_uid(sock)
     nonce = os.urandom(16)
     async with asyncio.timeout(timeout):
         await send_all(sock, [wire.encode_challenge(my_role, nonce)])
@@ -73,8 +124,9 @@ async def accept_handshake(sock: socket.socket, secret: bytes, my_role: wire.Rol
             await _try_send(sock, wire.encode_ack(wire.AckStatus.WRONG_DESTINATION))
             raise ProtocolError(f"handshake for rank {hello.dst} reached rank {my_rank}")
         if ack:
-            await send_all(sock, [wire.encode_ack(wire.AckStatus.OK)])
-    return hello
+            await send_all(sock, [wire.encode_ack(wire.AckStatus.OK, secret, nonce,
+                                                  hello.nonce)])
+    return hello, nonce
 
 
 def tune_tcp(sock: socket.socket) -> None:
@@ -89,21 +141,24 @@ def tune_tcp(sock: socket.socket) -> None:
                 sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
-async def send_fd(sock: socket.socket, fd: int) -> None:
-    """Pass a file descriptor over a Unix socket (SCM_RIGHTS), with one byte of data."""
+async def send_fd(sock: socket.socket, fd: int, data: bytes) -> None:
+    """Pass a file descriptor over a Unix socket (SCM_RIGHTS) with a few bytes of data."""
     while True:
         try:
-            socket.send_fds(sock, [b"F"], [fd])
+            sent = socket.send_fds(sock, [data], [fd])
+            if sent < len(data):
+                await send_all(sock, [data[sent:]])
             return
         except (BlockingIOError, InterruptedError):
             await _ready(sock, write=True)
 
 
-async def recv_fd(sock: socket.socket) -> int:
-    """Receive one file descriptor passed with :func:`send_fd`."""
+async def recv_fd(sock: socket.socket, nbytes: int) -> tuple[int, bytes]:
+    """Receive one file descriptor passed with :func:`send_fd`, and its ``nbytes`` of
+    data."""
     while True:
         try:
-            data, fds, _, _ = socket.recv_fds(sock, 1, 1)
+            data, fds, _, _ = socket.recv_fds(sock, nbytes, 1)
         except (BlockingIOError, InterruptedError):
             await _ready(sock, write=False)
             continue
@@ -113,16 +168,26 @@ async def recv_fd(sock: socket.socket) -> int:
             raise PeerClosed("no file descriptor came with the hand-over")
         for fd in fds[1:]:
             os.close(fd)
-        return fds[0]
+        try:
+            rest = await recv_exactly(sock, nbytes - len(data)) if len(data) < nbytes else b""
+        except BaseException:
+            os.close(fds[0])
+            raise
+        return fds[0], data + rest
 
 
 async def connect_handshake(sock: socket.socket, secret: bytes, role: wire.Role, src: int,
                             dst: int, timeout: float) -> None:
-    """Run the connector's side of the handshake on a connected socket."""
+    """Run the connector's side of the handshake on a connected socket. RendezvousError
+    if the acceptor refuses; ProtocolError if it does not prove it knows the secret (or,
+    on a Unix socket, runs as another user): nothing has been sent to it but the hello."""
+    check_peer_uid(sock)
+    answer = os.urandom(16)
     async with asyncio.timeout(timeout):
         _, nonce = wire.decode_challenge(await recv_exactly(sock, wire.CHALLENGE_SIZE))
-        await send_all(sock, [wire.encode_hello(secret, nonce, role, src, dst)])
-        status = wire.decode_ack(await recv_exactly(sock, wire.ACK_SIZE))
+        await send_all(sock, [wire.encode_hello(secret, nonce, role, src, dst, answer)])
+        status = wire.decode_ack(await recv_exactly(sock, wire.ACK_SIZE), secret, nonce,
+                                 answer)
     if status != wire.AckStatus.OK:
         raise RendezvousError(f"connection to {dst} refused: {status.name}")
 

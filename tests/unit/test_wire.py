@@ -72,29 +72,48 @@ def test_shape_digest_tells_shapes_apart():
 
 def test_handshake_roundtrip_and_secret_check():
     nonce = bytes(range(16))
+    answer = bytes(range(100, 116))
     ch = wire.encode_challenge(wire.Role.PEER, nonce)
     assert len(ch) == wire.CHALLENGE_SIZE
     assert wire.decode_challenge(ch) == (wire.Role.PEER, nonce)
-    raw = wire.encode_hello(b"secret", nonce, wire.Role.PEER, 4, 5)
-    assert len(raw) == wire.HELLO_SIZE
+    raw = wire.encode_hello(b"secret", nonce, wire.Role.PEER, 4, 5, answer)
+    assert len(raw) == wire.HELLO_SIZE == 64
     hello = wire.decode_hello(raw)
-    assert (hello.role, hello.src, hello.dst) == (wire.Role.PEER, 4, 5)
+    assert (hello.role, hello.src, hello.dst, hello.nonce) == (wire.Role.PEER, 4, 5, answer)
     assert hello.verify(b"secret", nonce)
     assert not hello.verify(b"other", nonce)
     assert not hello.verify(b"secret", bytes(16))
-    # a hello re-addressed by a stranger no longer verifies
-    forged = wire.Hello(hello.role, hello.src, 6, hello.mac)
-    assert not forged.verify(b"secret", nonce)
-    assert wire.decode_ack(wire.encode_ack(wire.AckStatus.OK)) == wire.AckStatus.OK
+    # a hello re-addressed by a stranger, or with another nonce of its own, no longer verifies
+    assert not wire.Hello(hello.role, hello.src, 6, answer, hello.mac).verify(b"secret", nonce)
+    assert not wire.Hello(hello.role, 4, 5, bytes(16), hello.mac).verify(b"secret", nonce)
+
+
+def test_handshake_ack_proves_the_acceptor_knows_the_secret():
+    nonce, answer = bytes(range(16)), bytes(range(100, 116))
+    ok = wire.encode_ack(wire.AckStatus.OK, b"secret", nonce, answer)
+    assert len(ok) == wire.ACK_SIZE == 40
+    assert ok[:8] == b"MDHS" + bytes([wire.VERSION, 0, 0, 0])
+    assert ok[8:] == wire.ack_mac(b"secret", nonce, answer, wire.AckStatus.OK)
+    assert wire.decode_ack(ok, b"secret", nonce, answer) == wire.AckStatus.OK
+    # a squatter that does not know the secret cannot say OK
+    for fake in (wire.encode_ack(wire.AckStatus.OK),
+                 wire.encode_ack(wire.AckStatus.OK, b"guess", nonce, answer),
+                 wire.encode_ack(wire.AckStatus.OK, b"secret", nonce, bytes(16)),  # replayed
+                 ok[:8] + wire.hello_mac(b"secret", nonce, answer, wire.Role.PEER, 4, 5)):
+        with pytest.raises(ProtocolError, match="does not know the job secret"):
+            wire.decode_ack(fake, b"secret", nonce, answer)
+    # a refusal carries no proof and needs none
+    no = wire.encode_ack(wire.AckStatus.BAD_SECRET)
+    assert wire.decode_ack(no, b"secret", nonce, answer) == wire.AckStatus.BAD_SECRET
 
 
 def test_handshake_garbage_is_a_protocol_error():
     with pytest.raises(ProtocolError):
-        wire.decode_hello(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(20))
+        wire.decode_hello(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(36))
     with pytest.raises(ProtocolError):
         wire.decode_challenge(b"\x00" * wire.CHALLENGE_SIZE)
     with pytest.raises(ProtocolError):
-        wire.decode_ack(b"MDHS" + bytes([wire.VERSION, 77, 0, 0]))
+        wire.decode_ack(b"MDHS" + bytes([wire.VERSION, 77, 0, 0]) + bytes(32))
 
 
 def test_control_stream_decoder_handles_fragments():
