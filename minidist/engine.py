@@ -37,6 +37,9 @@ INTERNAL_TAGS = 1 << 31  # point-to-point tags from here up are minidist's own
 # its peer is gone: left normally, died, or died because another rank died first
 NEWS_GRACE = 2.0
 FINISHED_KEPT = 4096  # collectives per rank whose outcome is remembered for late frames
+# seconds a collective may wait before this rank tells the rendezvous what it called, so
+# that ranks stuck in calls that disagree (roots, for one) find out without a frame
+STALL_CHECK = 1.0
 LEFT = "it called destroy() or its script ended"
 
 
@@ -518,6 +521,8 @@ class Engine:
         active = self._enter(group, call)
         waiting: set[int] = set()
         ok = False
+        stall = None if self.client is None else asyncio.get_running_loop().call_later(
+            STALL_CHECK, self._report_stall, call)
         try:
             try:
                 early = self.mailbox.expect(group.id, call.seq, self._checker(call, -1))
@@ -544,6 +549,8 @@ class Engine:
             self._break(call, e, tell=not active.quiet)
             raise
         finally:
+            if stall is not None:
+                stall.cancel()
             self._active.discard(active)
             self.mailbox.unexpect(group.id, call.seq)
             for k in active.keys:
@@ -626,6 +633,20 @@ class Engine:
                 f"collective mismatch on {call.group!r} (call #{call.seq}): rank {h.src} "
                 f"called {call.describe(h)} where rank {self.rank} called {call.describe()}")
         return check
+
+    def _report_stall(self, call: Call) -> None:
+        """This call has waited a while: tell the rendezvous what it is, so that it can
+        compare it with what the other waiting ranks called under the same number."""
+        if self.rendezvous_lost is not None:
+            return
+        sig = [call.kind, call.dtype, call.op, call.algorithm, call.root, call.count,
+               call.shape]
+        try:
+            self.client.notify({"t": "stalled", "group": call.group.id, "seq": call.seq,
+                                "sig": sig, "call": call.describe(),
+                                "where": repr(call.group), "ranks": list(call.group.ranks)})
+        except Exception as e:
+            log.debug("could not report a stalled call: %s", e)
 
     def _broadcast_abort(self, call: Call, exc: DistError) -> None:
         if self.client is None or self.rendezvous_lost is not None:

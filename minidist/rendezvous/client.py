@@ -51,6 +51,7 @@ class RendezvousClient:
         self._welcome: asyncio.Future | None = None
         self._task: asyncio.Task | None = None
         self._closing = False
+        self._joined = False  # welcomed: from now on, losing the rendezvous is news
         self.server_gone: str | None = None
 
     async def connect(self, host: str, port: int, timeout: float) -> None:
@@ -59,6 +60,7 @@ class RendezvousClient:
         ``port`` only name the rendezvous in error messages: ranks never open TCP to it."""
         loop = asyncio.get_running_loop()
         self._closing = False
+        self._joined = False
         self.server_gone = None
         last: Exception | None = None
         delay = 0.01
@@ -100,9 +102,15 @@ class RendezvousClient:
             async with asyncio.timeout(timeout):
                 return await self._welcome
         except TimeoutError:
+            missing: list[int] = []
+            with contextlib.suppress(Exception):
+                joined = (await self.request({"t": "joined"}, timeout=2.0)).body["value"]
+                missing = sorted(set(range(world_size)) - set(joined))
             raise DistTimeoutError(
                 f"rank {rank}: not every one of the {world_size} ranks joined the "
-                f"rendezvous within {timeout:.0f} s", collective="init") from None
+                f"rendezvous within {timeout:.0f} s"
+                + (f"; ranks that never joined: {missing}" if missing else ""),
+                collective="init", missing=missing) from None
 
     async def request(self, body: dict[str, Any], blob: bytes = b"",
                       timeout: float = 300.0) -> wire.Control:
@@ -169,7 +177,7 @@ class RendezvousClient:
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(err)
-        if not self._closing:
+        if not self._closing and self._joined:  # before that, register() raises
             self.on_lost(-1, reason)
 
     def _dispatch(self, msg: wire.Control) -> None:
@@ -181,6 +189,7 @@ class RendezvousClient:
                 fut.set_result(msg)
         elif t == "welcome":
             if self._welcome is not None and not self._welcome.done():
+                self._joined = True
                 self._welcome.set_result(b)
         elif t == "error":
             if self._welcome is not None and not self._welcome.done():

@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import socket
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ QUERY_TIMEOUT = 3.0
 HEARTBEAT = 1.0  # seconds between heartbeats to and from node agents
 HEARTBEAT_TIMEOUT = 5.0  # silence after which a node is declared lost
 DEPARTURES_EVERY = 0.05  # seconds over which departures are gathered into one message
+STALLS_KEPT = 4096  # stalled calls whose reports the server compares
 
 
 class _Channel:
@@ -143,6 +145,7 @@ class RendezvousServer(Acceptor):
         self._closed = False
         self._shutting_down = False
         self._agents: set[_Agent] = set()
+        self._stalls: OrderedDict[tuple[int, int], dict[int, dict[str, Any]]] = OrderedDict()
         self._departing: list[int] = []
         self._departures: asyncio.TimerHandle | None = None
         self.node = node_identity()
@@ -360,6 +363,8 @@ class RendezvousServer(Acceptor):
             c.send({"t": "reply", "id": rid, "ok": self.store.check(b["keys"])})
         elif t == "kv_delete":
             c.send({"t": "reply", "id": rid, "ok": self.store.delete(b["key"])})
+        elif t == "joined":
+            c.send({"t": "reply", "id": rid, "value": sorted(self._clients)})
         elif t == "kv_num_keys":
             c.send({"t": "reply", "id": rid, "value": len(self.store)})
         elif t == "abort":
@@ -369,6 +374,8 @@ class RendezvousServer(Acceptor):
                 peer = self._clients.get(r)
                 if peer is not None and r != c.rank:
                     peer.send(fwd)
+        elif t == "stalled":
+            self._stalled(c, b)
         elif t == "progress":
             self._spawn(self._progress(c, b))
         elif t == "query_reply":
@@ -462,6 +469,30 @@ class RendezvousServer(Acceptor):
         for c, rank, b in waiting:
             if not c.channel.closing():
                 self._admit(c, rank, b)
+
+    def _stalled(self, c: _Client, b: dict[str, Any]) -> None:
+        """A rank has waited a while in call ``seq`` of a group: if another rank waits in
+        the same call having called something else, the call can never complete; abort it
+        on every rank of the group."""
+        key = (b["group"], b["seq"])
+        reports = self._stalls.get(key)
+        if reports is None:
+            reports = self._stalls[key] = {}
+            while len(self._stalls) > STALLS_KEPT:
+                self._stalls.popitem(last=False)
+        other = next((r for r, o in reports.items() if o["sig"] != b["sig"]), None)
+        reports[c.rank] = b
+        if other is None:
+            return
+        reason = (f"collective mismatch on {b['where']} (call #{b['seq']}): rank {other} "
+                  f"called {reports[other]['call']} where rank {c.rank} called {b['call']} "
+                  f"(found while both waited)")
+        fwd = {"t": "abort", "group": b["group"], "seq": b["seq"], "reason": reason,
+               "kind": "mismatch", "by": -1}
+        for r in b["ranks"]:
+            peer = self._clients.get(r)
+            if peer is not None:
+                peer.send(fwd)
 
     async def _kv_wait(self, c: _Client, b: dict[str, Any]) -> None:
         keys = b["keys"] if b["t"] == "kv_wait" else [b["key"]]
