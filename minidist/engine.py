@@ -237,17 +237,19 @@ class Engine:
         for fut in self._news.values():
             if not fut.done():
                 fut.set_result(None)
-        exc = self._no_rendezvous("this call")
         for a in list(self._active):
-            self._fail(a, exc)
+            self._fail(a, self._no_rendezvous(a.call.name if a.call is not None
+                                              else "send/recv"))
 
     def _no_rendezvous(self, what: str) -> PeerLostError:
         host = self.rendezvous_host
-        by = f", hosted by rank {host}" if host is not None and host != self.rank else ""
-        return PeerLostError(
-            f"{what} on rank {self.rank} failed: the rendezvous{by} is gone "
-            f"({self.rendezvous_lost}); without it no failure can be told to the job",
-            ranks=[host] if host is not None and host != self.rank else [])
+        if host is not None and host != self.rank:
+            return PeerLostError(f"{what} on rank {self.rank} failed: rank {host}, whose "
+                                 f"process hosts the rendezvous, is gone "
+                                 f"({self.rendezvous_lost})", ranks=[host])
+        return PeerLostError(f"{what} on rank {self.rank} failed: the rendezvous is gone "
+                             f"({self.rendezvous_lost}): the launcher or this node's agent "
+                             "stopped, and no failure can be told to the job any more")
 
     def _heard(self, rank: int) -> None:
         fut = self._news.get(rank)

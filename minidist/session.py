@@ -134,7 +134,7 @@ class Session:
             except (RendezvousError, PeerLostError) as e:
                 # reached the rendezvous of a previous init that is shutting down (it
                 # refuses us, or closes while we wait): the next one will come
-                retry = getattr(e, "retry", False) or isinstance(e, PeerLostError)
+                retry = getattr(e, "retry", isinstance(e, PeerLostError))
                 if not retry or loop.time() > deadline:
                     raise
                 await self.client.close(graceful=False)

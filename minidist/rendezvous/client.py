@@ -193,7 +193,9 @@ class RendezvousClient:
                 self._welcome.set_result(b)
         elif t == "error":
             if self._welcome is not None and not self._welcome.done():
-                err = RendezvousError(b.get("msg", "refused"))
+                msg = b.get("msg", "refused")
+                err = PeerLostError(msg, ranks=b["lost"]) if b.get("lost") else \
+                    RendezvousError(msg)
                 err.retry = bool(b.get("retry"))
                 self._welcome.set_exception(err)
         elif t == "lost":

@@ -397,6 +397,11 @@ class RendezvousServer(Acceptor):
             c.send({"t": "error", "retry": True,
                     "msg": "this rendezvous is shutting down; a new one will follow"})
             return
+        if self.lost and not self._welcomed:
+            rank, why = next(iter(self.lost.items()))
+            c.send({"t": "error", "msg": f"rank {rank} died before every rank joined the "
+                    f"job ({why})", "lost": [rank]})
+            return
         ws = b.get("world_size")
         if ws != self.world_size:
             return refuse(f"world size {ws} does not match the job's {self.world_size}")

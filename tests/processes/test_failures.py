@@ -1,0 +1,72 @@
+"""Lifetimes and exit codes under ``minidist run`` when ranks die, also before init."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from minidist import shm
+
+from .harness import SCRIPTS, Job
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_killing_the_launcher_kills_every_rank():
+    with Job(4, SCRIPTS / "busy.py") as job:
+        job.read_until(lambda lines: sum("READY" in line for line in lines) == 4, 60)
+        ranks = [p for p in job.tree() if p.pid != job.proc.pid]
+        assert len(ranks) >= 4
+        os.kill(job.proc.pid, signal.SIGKILL)
+        gone, alive = psutil.wait_procs(ranks, timeout=10)
+        assert alive == [], f"orphans: {alive}"
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_the_job_exit_code_is_the_killed_ranks_not_a_survivors(trial):
+    with Job(4, SCRIPTS / "survivors_exit_3.py") as job:
+        rc = job.wait(60)
+    assert rc == 128 + signal.SIGKILL, job.err[-2000:]
+
+
+def test_a_rank_that_dies_before_init_is_named_at_once(tmp_path):
+    script = tmp_path / "early.py"
+    script.write_text(
+        "import os, sys, time, minidist\n"
+        "if os.environ['RANK'] == '2':\n"
+        "    sys.exit(1)\n"
+        "t0 = time.monotonic()\n"
+        "try:\n"
+        "    minidist.init(timeout=60)\n"
+        "except minidist.PeerLostError as e:\n"
+        "    print(f'LOST {list(e.ranks)} {time.monotonic() - t0:.1f}', flush=True)\n")
+    t0 = time.monotonic()
+    with Job(4, script) as job:
+        job.wait(60)
+    assert time.monotonic() - t0 < 30
+    lost = [line for line in job.out.splitlines() if "LOST" in line]
+    assert len(lost) == 3, job.out + job.err
+    assert all("LOST [2]" in line for line in lost), lost
+
+
+def test_orphaned_segment_names_are_swept_and_live_ones_kept():
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    names = {"dead": shm.segment_name("0" * 20, 5, int(dead)),
+             "alive": shm.segment_name("0" * 20, 6, os.getpid())}
+    for name in names.values():
+        shm.create(name, 4096).close()
+    try:
+        removed = shm.sweep_orphans("0" * 20)
+        assert removed == [names["dead"]]
+        assert os.path.exists(os.path.join(shm.SHM_DIR, names["alive"]))
+    finally:
+        for name in names.values():
+            shm.unlink(name)
+
