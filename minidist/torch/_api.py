@@ -21,7 +21,7 @@ import torch
 from .. import api as md
 from ..env import DEFAULT_TIMEOUT
 from ..errors import DistTimeoutError
-from ..group import NON_GROUP_MEMBER, Group, GroupMember
+from ..group import NON_GROUP_MEMBER, WORLD_ID, Group, GroupMember
 from . import _backend
 from . import _collectives as C
 from ._work import Work, seconds
@@ -29,7 +29,8 @@ from ._work import Work, seconds
 _NOT_MEMBER = NON_GROUP_MEMBER
 _TORCH_NON_MEMBER = -100  # torch.distributed.GroupMember.NON_GROUP_MEMBER
 
-_state = {"owns": False, "mirrored": False}
+_state: dict[str, Any] = {"owns": False, "mirrored": False,
+                          "world": None}  # the world with init_process_group's timeout
 
 
 # ---------------------------------------------------------------------- helpers
@@ -44,10 +45,11 @@ def _check_backend(backend: Any) -> None:
 
 
 def _group(group: Any) -> Group | None | object:
-    """The minidist group for a group argument: None for the world, _NOT_MEMBER when
+    """The minidist group for a group argument: None (or, after a timeout was given to
+    init_process_group, the world with that timeout) for the world, _NOT_MEMBER when
     this rank is not in it."""
     if group is None:
-        return None
+        return _state["world"]
     if group is NON_GROUP_MEMBER or (isinstance(group, int) and not isinstance(group, bool)
                                      and group == _TORCH_NON_MEMBER):
         return _NOT_MEMBER
@@ -153,11 +155,13 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
             raise ValueError(f"init_process_group(rank={rank}, world_size={world_size}): "
                              f"minidist is already initialized as rank {md.get_rank()} of "
                              f"{md.get_world_size()}")
+        _set_world(seconds(timeout))
         _mirror()
         return
     if store is not None and init_method is not None:
         raise ValueError("Cannot specify both init_method and store.")
-    t = seconds(timeout)
+    given = seconds(timeout)
+    t = given or None  # joining the job needs time even when calls may not wait (0)
     if t is None and os.environ.get("MINIDIST_TIMEOUT"):
         t = float(os.environ["MINIDIST_TIMEOUT"])
     r = rank if rank is not None and rank >= 0 else None
@@ -186,7 +190,19 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         raise ValueError(f"unsupported init_method {init_method!r} (env://, tcp://, "
                          "file:// or a store)")
     _state["owns"] = True
+    _set_world(given)
     _mirror()
+
+
+def _set_world(timeout: float | None) -> None:
+    """Calls on the world are bounded by ``timeout`` (None: the job's timeout)."""
+    _state["world"] = None if timeout is None else Group(
+        WORLD_ID, tuple(range(md.get_world_size())), "world", timeout=timeout)
+
+
+def _default_timeout() -> float | None:
+    """What bounds a new group's calls when new_group is given no timeout."""
+    return _state["world"].timeout if _state["world"] is not None else None
 
 
 def _init_env(r: int | None, ws: int | None, t: float | None) -> None:
@@ -217,9 +233,10 @@ def _mirror() -> None:
     if td.is_initialized():
         return
     s, _ = md._current()
+    t = _default_timeout()
     td.init_process_group(_backend.BACKEND, store=_backend.SessionStore(s.timeout),
                           rank=md.get_rank(), world_size=md.get_world_size(),
-                          timeout=datetime.timedelta(seconds=s.timeout))
+                          timeout=datetime.timedelta(seconds=s.timeout if t is None else t))
     _state["mirrored"] = True
 
 
@@ -231,6 +248,7 @@ def destroy_process_group(group: Any = None) -> None:
             torch.distributed.destroy_process_group(group)
         return
     _state["mirrored"] = _state["owns"] = False
+    _state["world"] = None
     td = torch.distributed
     if td.is_initialized() and isinstance(td.GroupMember.WORLD, _backend.ProcessGroupMinidist):
         td.destroy_process_group()  # torch's default group on this session goes with it
@@ -270,15 +288,17 @@ def new_group(ranks: Sequence[int] | None = None, timeout: Any = None, backend: 
 
     Members call it in the same order as each other. Unlike torch.distributed, ranks
     outside the group need not call it. Returns ``GroupMember.NON_GROUP_MEMBER`` on a
-    rank that is not a member. ``timeout`` and ``pg_options`` are accepted and ignored
-    (every call has the job's timeout).
+    rank that is not a member. ``timeout`` (a timedelta or seconds) bounds every call
+    on the group (0: calls do not wait); without it, init_process_group's timeout (or
+    the job's) applies. ``pg_options`` is accepted and ignored.
     """
     _check_backend(backend)
+    t = seconds(timeout)
     given = None if ranks is None else [int(r) for r in ranks]
-    g = md.new_group(given)
+    g = md.new_group(given, timeout=_default_timeout() if t is None else t)
     if (isinstance(g, Group) and given is not None and not sort_ranks
             and given != sorted(given)):
-        g = Group(g.id, tuple(given), g.name)
+        g = Group(g.id, tuple(given), g.name, timeout=g.timeout)
     return g
 
 
@@ -291,7 +311,8 @@ def new_subgroups(group_size: int | None = None, group: Any = None, timeout: Any
     g = _group(group)
     if g is _NOT_MEMBER:
         raise ValueError("new_subgroups: this rank is not in the parent group")
-    return md.new_subgroups(group_size, g)
+    t = seconds(timeout)
+    return md.new_subgroups(group_size, g, timeout=_default_timeout() if t is None else t)
 
 
 def get_process_group_ranks(group: Any) -> list[int]:
@@ -347,14 +368,15 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = md.ReduceOp.S
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
             timeout: datetime.timedelta | None = None) -> Work | None:
     """Return once every rank of the group has entered. ``timeout`` bounds this wait
-    (DistTimeoutError; the group should then be considered broken)."""
+    (DistTimeoutError; 0: do not wait; the group should then be considered broken)."""
     g = _group(group)
     if _skip(g, "barrier"):
         return None
     w = C.barrier(g)
+    w._limit = seconds(timeout)
     if async_op:
         return w
-    w.wait(timeout)
+    w.wait()
     return None
 
 

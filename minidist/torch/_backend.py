@@ -4,8 +4,10 @@ Registered when ``minidist.torch`` is imported. torch calls :func:`_create` once
 process group with a (prefixed) store, the group's rank and size and, through the
 extended API, the global ranks of the group. The returned :class:`ProcessGroupMinidist`
 is a Python subclass of ``torch.distributed.ProcessGroup``, which torch then uses as the
-whole process group; its methods mirror c10d's and return torch Work objects completed
-through ``torch.futures.Future``.
+whole process group; its methods mirror c10d's and return :class:`~._work.Work`, a
+subclass of torch's Work whose ``wait()`` raises the call's minidist error and whose
+Future fails with it. torch names every group it creates (``_set_group_name``); the
+names are kept on the process group, so torch can find it by name.
 
 Bootstrap (how the process joins minidist's job):
 
@@ -32,12 +34,12 @@ from typing import Any
 
 import torch
 import torch.distributed as tdist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch.distributed.constants import default_pg_timeout as _default_pg_timeout
 
 from .. import api as md
 from ..env import DEFAULT_TIMEOUT, LaunchConfig
 from ..errors import DistError
-from ..group import Group
+from ..group import WORLD_ID, Group
 from ..rendezvous.server import RendezvousServer
 from ..runtime import Runtime
 from ..session import Session
@@ -149,8 +151,14 @@ def _one(tensors: Any, what: str) -> torch.Tensor:
     return tensors[0]
 
 
-def _torch_work(work: Work) -> Any:
-    return _create_work_from_future(work.get_future())
+def _work(opts: Any, work: Work) -> Work:
+    """The Work torch gets for a call: ``work`` itself (a torch Work whose ``wait()``
+    raises the call's error), bounded by the call's own timeout when torch set one
+    (``barrier(timeout=)``; unset is negative)."""
+    t = getattr(opts, "timeout", None)
+    if isinstance(t, datetime.timedelta) and t >= datetime.timedelta(0):
+        work._limit = seconds(t)
+    return work
 
 
 def _many(works: list[Work], result: Any, what: str) -> Work:
@@ -177,6 +185,8 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
         self._md_group = group
         self._owns = owns_session
         self._ranks = C.members(group)
+        self._name = ""
+        self._desc = ""
 
     # ------------------------------------------------------------------ identity
 
@@ -188,8 +198,42 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND
 
+    # torch names every process group it creates (``_set_group_name`` /
+    # ``_set_group_desc``); c10d keeps those names on its backends, which a Python
+    # process group does not have, so they are kept here. ``group_name`` is how
+    # destroy_process_group and functional collectives find the group.
+
+    def _set_group_name(self, name: str) -> None:
+        self._name = str(name)
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = str(desc)
+
+    def getGroupName(self) -> str:  # noqa: N802  (c10d's name)
+        return self._name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._desc
+
+    @property
+    def timeout(self) -> datetime.timedelta | None:
+        """What bounds every call on this group (None: the job's timeout)."""
+        t = self._md_group.timeout if self._md_group is not None else None
+        return None if t is None else datetime.timedelta(seconds=t)
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        """Bound every later call on this group by ``timeout`` (0: do not wait)."""
+        t = seconds(timeout)
+        if t is None:
+            raise TypeError("set_timeout: expects a timedelta or seconds, not None")
+        g = self._md_group
+        if g is None:  # the world: same id, same ranks
+            g = Group(WORLD_ID, self._ranks, "world")
+        self._md_group = Group(g.id, g.ranks, g.name, timeout=t)
+
     def __repr__(self) -> str:
-        return f"ProcessGroupMinidist(rank={self.rank()}, size={self.size()})"
+        name = f", name={self._name!r}" if self._name else ""
+        return f"ProcessGroupMinidist(rank={self.rank()}, size={self.size()}{name})"
 
     def _global(self, group_rank: int) -> int:
         if not 0 <= group_rank < len(self._ranks):
@@ -201,22 +245,22 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
 
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else "SUM"
-        return _torch_work(C.all_reduce(_one(tensors, "allreduce"), op, self._md_group))
+        return _work(opts, C.all_reduce(_one(tensors, "allreduce"), op, self._md_group))
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else "SUM"
         works = [C.all_reduce(t, op, self._md_group) for t in tensors]
-        return _torch_work(_many(works, list(tensors), "allreduce_coalesced"))
+        return _work(opts, _many(works, list(tensors), "allreduce_coalesced"))
 
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:
         root = opts.rootRank if opts is not None else 0
-        return _torch_work(C.broadcast(_one(tensors, "broadcast"), self._global(root),
+        return _work(opts, C.broadcast(_one(tensors, "broadcast"), self._global(root),
                                        self._md_group))
 
     def reduce(self, tensors: Any, opts: Any = None) -> Any:
         root = opts.rootRank if opts is not None else 0
         op = opts.reduceOp if opts is not None else "SUM"
-        return _torch_work(C.reduce(_one(tensors, "reduce"), self._global(root), op,
+        return _work(opts, C.reduce(_one(tensors, "reduce"), self._global(root), op,
                                     self._md_group))
 
     def allgather(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
@@ -224,11 +268,11 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
             raise ValueError("minidist allgather: expects one output list")
         w = C.all_gather(output_lists[0], _one(inputs, "allgather"), self._md_group)
         w._result = output_lists
-        return _torch_work(w)
+        return _work(opts, w)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
                         opts: Any = None) -> Any:
-        return _torch_work(C.all_gather_into_tensor(output, input, self._md_group))
+        return _work(opts, C.all_gather_into_tensor(output, input, self._md_group))
 
     all_gather_single = _allgather_base
 
@@ -236,19 +280,19 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
                                         opts: Any = None) -> Any:
         works = [C.all_gather_into_tensor(o, i, self._md_group)
                  for o, i in zip(outputs, inputs)]
-        return _torch_work(_many(works, list(outputs), "allgather_into_tensor_coalesced"))
+        return _work(opts, _many(works, list(outputs), "allgather_into_tensor_coalesced"))
 
     def reduce_scatter(self, outputs: Any, input_lists: Any, opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else "SUM"
         if len(input_lists) != 1:
             raise ValueError("minidist reduce_scatter: expects one input list")
-        return _torch_work(C.reduce_scatter(_one(outputs, "reduce_scatter"), input_lists[0],
+        return _work(opts, C.reduce_scatter(_one(outputs, "reduce_scatter"), input_lists[0],
                                             op, self._md_group))
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
                              opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else "SUM"
-        return _torch_work(C.reduce_scatter_tensor(output, input, op, self._md_group))
+        return _work(opts, C.reduce_scatter_tensor(output, input, op, self._md_group))
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -257,33 +301,33 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
         op = opts.reduceOp if opts is not None else "SUM"
         works = [C.reduce_scatter_tensor(o, i, op, self._md_group)
                  for o, i in zip(outputs, inputs)]
-        return _torch_work(_many(works, list(outputs), "reduce_scatter_tensor_coalesced"))
+        return _work(opts, _many(works, list(outputs), "reduce_scatter_tensor_coalesced"))
 
     def gather(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
         root = self._global(opts.rootRank if opts is not None else 0)
         outs = output_lists[0] if len(output_lists) else None
         w = C.gather(_one(inputs, "gather"), outs, root, self._md_group)
         w._result = output_lists
-        return _torch_work(w)
+        return _work(opts, w)
 
     def scatter(self, outputs: Any, input_lists: Any, opts: Any = None) -> Any:
         root = self._global(opts.rootRank if opts is not None else 0)
         ins = input_lists[0] if len(input_lists) else None
-        return _torch_work(C.scatter(_one(outputs, "scatter"), ins, root, self._md_group))
+        return _work(opts, C.scatter(_one(outputs, "scatter"), ins, root, self._md_group))
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: Any = None, input_split_sizes: Any = None,
                       opts: Any = None) -> Any:
-        return _torch_work(C.all_to_all_single(output, input, output_split_sizes,
+        return _work(opts, C.all_to_all_single(output, input, output_split_sizes,
                                                input_split_sizes, self._md_group))
 
     all_to_all_single = alltoall_base
 
     def alltoall(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-        return _torch_work(C.all_to_all(list(outputs), list(inputs), self._md_group))
+        return _work(opts, C.all_to_all(list(outputs), list(inputs), self._md_group))
 
     def barrier(self, opts: Any = None) -> Any:
-        return _torch_work(C.barrier(self._md_group))
+        return _work(opts, C.barrier(self._md_group))
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         C.monitored_barrier(self._md_group, seconds(timeout), wait_all_ranks)
@@ -291,11 +335,11 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
     # ------------------------------------------------------------------ point-to-point
 
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Any:  # noqa: N803
-        return _torch_work(C.isend(_one(tensors, "send"), self._global(dstRank), tag,
+        return _work(None, C.isend(_one(tensors, "send"), self._global(dstRank), tag,
                                    self._md_group))
 
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Any:  # noqa: N803
-        return _torch_work(C.irecv(_one(tensors, "recv"), self._global(srcRank), tag,
+        return _work(None, C.irecv(_one(tensors, "recv"), self._global(srcRank), tag,
                                    self._md_group))
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
@@ -321,21 +365,46 @@ def _launcher_world(rank: int, size: int) -> bool:
             and env.get("WORLD_SIZE") == str(size))
 
 
+def _given_timeout(opts: Any) -> float | None:
+    """The timeout passed to init_process_group / new_group, in seconds; None when it
+    was not given (torch then passes its default, which counts as not given)."""
+    t = getattr(opts, "timeout", None)
+    if not isinstance(t, datetime.timedelta) or t == _default_pg_timeout:
+        return None
+    return seconds(t)
+
+
+def _world_timeout() -> float | None:
+    """The timeout of torch's default group when it is served by this backend."""
+    pg = tdist.GroupMember.WORLD if tdist.is_initialized() else None
+    if isinstance(pg, ProcessGroupMinidist) and pg.minidist_group is not None:
+        return pg.minidist_group.timeout
+    return None
+
+
 def _create(opts: Any, backend_options: Any = None) -> ProcessGroupMinidist:
     """torch's creator (extended API): a process group for ``opts.global_ranks_in_group``
-    (empty: the default group)."""
+    (empty: the default group).
+
+    Timeouts: a timeout given to init_process_group bounds every call on the default
+    group and on every group created without one; a timeout given to new_group bounds
+    the calls on that group. 0 means "do not wait". Without one, MINIDIST_TIMEOUT (or
+    300 s) applies, as for minidist's own calls.
+    """
     rank, size = opts.group_rank, opts.group_size
     ranks = [int(r) for r in opts.global_ranks_in_group]
+    given = _given_timeout(opts)
     owns = False
     if not md.is_initialized():
-        timeout = float(os.environ.get("MINIDIST_TIMEOUT") or opts.timeout.total_seconds()
-                        or DEFAULT_TIMEOUT)
         if ranks and ranks != list(range(tdist.get_world_size())):
             raise DistError(
                 "minidist backend: minidist is not initialized in this process, and a "
                 "group of some ranks cannot start it (the other ranks never join). Make "
                 "'minidist' the default backend (init_process_group('minidist')), or "
                 "call minidist.init() on every rank first")
+        # joining the job needs some time even when calls may not wait (timeout 0)
+        env = os.environ.get("MINIDIST_TIMEOUT")
+        timeout = given or (float(env) if env else DEFAULT_TIMEOUT)
         me = tdist.get_rank() if ranks else rank
         if _launcher_world(me, size):
             md.init(timeout=timeout)  # minidist run hosts the rendezvous: join it
@@ -349,16 +418,20 @@ def _create(opts: Any, backend_options: Any = None) -> ProcessGroupMinidist:
                 f"minidist backend: torch's default group is rank {rank} of {size}, but "
                 f"this process is rank {md.get_rank()} of {world} in minidist's job; "
                 "they must be the same world")
-        return ProcessGroupMinidist(rank, size, None, owns)
+        g = None
+        if given is not None:
+            # the world (same id: the same group), bounded by the given timeout
+            g = Group(WORLD_ID, tuple(range(world)), "world", timeout=given)
+        return ProcessGroupMinidist(rank, size, g, owns)
     if tdist.get_rank() != md.get_rank():
         raise DistError(f"minidist backend: this process is rank {tdist.get_rank()} for "
                         f"torch but rank {md.get_rank()} for minidist; they must agree")
     if max(ranks) >= world:
         raise DistError(f"minidist backend: group ranks {ranks} exceed minidist's world "
                         f"of {world}")
-    g = md.new_group(ranks)
+    g = md.new_group(ranks, timeout=given if given is not None else _world_timeout())
     if ranks != sorted(ranks):  # torch's sort_ranks=False: group ranks in given order
-        g = Group(g.id, tuple(ranks), g.name)
+        g = Group(g.id, tuple(ranks), g.name, timeout=g.timeout)
     return ProcessGroupMinidist(rank, size, g)
 
 

@@ -401,7 +401,8 @@ def monitored_barrier(g: Group | None, timeout: float | None, wait_all_ranks: bo
     """A barrier with its own deadline in which the first rank of the group names the
     ranks that did not arrive (through the job's key/value store, like gloo's)."""
     s, _ = md._current()
-    timeout = s.timeout if timeout is None else timeout
+    if timeout is None:
+        timeout = s.timeout if g is None or g.timeout is None else g.timeout
     ranks = members(g)
     gid = 0 if g is None else g.id
     with _order:

@@ -1,5 +1,11 @@
 """Work handles for torch code: ``wait()``, ``is_completed()`` and a torch Future.
 
+:class:`Work` is a subclass of torch's own Work (``torch.distributed._Work``), so the
+same object serves ``async_op=True`` of the drop-in module and every call of the
+registered backend: torch calls its ``wait()`` (which raises the call's minidist error)
+from Python for synchronous calls and from C++ for functional collectives, and its
+``get_future()`` from DDP's reducer (a Future that carries the error).
+
 A call of the adapter may be several minidist calls (an all_to_all with uneven splits is
 one message per peer) followed by a step that runs in Python once they are done (copy a
 scratch tensor back into a non-contiguous output, round float32 back to bfloat16). A
@@ -25,6 +31,9 @@ from typing import Any
 import torch
 
 from ..errors import DistTimeoutError
+
+#: torch's Work class (``torch.distributed._Work``), which Python subclasses may extend
+TorchWork = torch._C._distributed_c10d.Work
 
 _queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
 _thread: threading.Thread | None = None
@@ -74,22 +83,30 @@ def _error_of(f: concurrent.futures.Future) -> BaseException | None:
 
 
 def seconds(timeout: Any) -> float | None:
-    """A timeout as seconds: None, a number, or a timedelta (0 or less: no limit, as
-    torch's ``kNoTimeout``)."""
+    """A timeout as seconds: None (no timeout given), a number, or a timedelta.
+
+    0 means "do not wait": a call that cannot complete at once times out. A negative
+    timeout raises ValueError.
+    """
     if timeout is None:
         return None
     if isinstance(timeout, datetime.timedelta):
         timeout = timeout.total_seconds()
+    if isinstance(timeout, bool):
+        raise TypeError(f"timeout must be seconds or a timedelta, not {timeout!r}")
     timeout = float(timeout)
-    return timeout if timeout > 0 else None
+    if not timeout >= 0:  # negative, or NaN
+        raise ValueError(f"timeout must be >= 0 seconds, not {timeout!r}")
+    return timeout
 
 
-class Work:
-    """An adapter call in flight (what ``async_op=True`` returns), like torch's Work."""
+class Work(TorchWork):
+    """An adapter call in flight (what ``async_op=True`` returns): a torch Work."""
 
     def __init__(self, futures: list[concurrent.futures.Future], post: Callable[[], None]
                  | None = None, result: Any = None, what: str = "call",
                  source_rank: int = -1) -> None:
+        super().__init__()
         self._futures = futures
         self._post = post
         self._result = result
@@ -98,7 +115,10 @@ class Work:
         self._lock = threading.Lock()
         self._finished = False
         self._error: BaseException | None = None
-        self._tfut: torch.futures.Future | None = None
+        self._done: torch.futures.Future | None = None  # completed when the call is
+        self._tfut: torch.Future | None = None  # what get_future() returns
+        #: seconds a plain ``wait()`` may take (a per-call timeout; None: no extra bound)
+        self._limit: float | None = None
 
     # ------------------------------------------------------------------ completion
 
@@ -137,16 +157,21 @@ class Work:
             raise self._error
 
     def _complete_future(self) -> None:
-        """On the completer: finish and complete the torch Future."""
-        fut = self._tfut
+        """On the completer: finish, then complete the torch Future."""
         try:
             self._finish()
-        except BaseException as e:
-            if not fut.done():
-                fut.set_exception(e)
-            return
-        if not fut.done():
-            fut.set_result(self._result)
+        except BaseException:
+            pass  # kept in self._error: _outcome raises it into the torch Future
+        if not self._done.done():
+            self._done.set_result(None)
+
+    def _outcome(self, _done: torch.Future) -> Any:
+        """The torch Future's value: the outputs, or the call's error raised (so that
+        torch marks the Future as failed, which C++ consumers such as DDP's reducer see;
+        an exception passed to ``set_exception`` would look like a result to them)."""
+        if self._error is not None:
+            raise self._error
+        return self._result
 
     def _arm(self) -> None:
         remaining = [len(self._futures)]
@@ -167,12 +192,16 @@ class Work:
     # ------------------------------------------------------------------ torch's Work API
 
     def wait(self, timeout: Any = None) -> bool:
-        """Block until the call is done (its outputs written); raise its error.
+        """Block until the call is done (its outputs written); raise its error (the
+        minidist exception: PeerLostError, DistTimeoutError, CollectiveMismatchError...).
 
         ``timeout`` (seconds or a timedelta) bounds only this wait: DistTimeoutError
-        when it passes first. Returns True, like torch.
+        when it passes first; the call itself keeps running. None or 0 (torch's
+        ``timedelta(0)``, "no timeout", which torch itself passes) add no bound of their
+        own: the call still ends within its group's timeout. Returns True, like torch.
         """
-        self._finish(seconds(timeout))
+        t = seconds(timeout)
+        self._finish(self._limit if not t else t)
         return True
 
     def is_completed(self) -> bool:
@@ -208,18 +237,20 @@ class Work:
     def synchronize(self) -> None:
         self.wait()
 
-    def get_future(self) -> torch.futures.Future:
-        """A ``torch.futures.Future`` completed with the output tensors when the call is
-        done (or with its error)."""
+    def get_future(self) -> torch.Future:
+        """A ``torch.Future`` completed with the output tensors when the call is done,
+        or failed with its error. torch Futures carry errors as text: ``wait()`` and
+        ``value()`` on it raise a RuntimeError whose message names the minidist error
+        (``Work.wait()`` raises the minidist exception itself)."""
+        inline = False
         with self._lock:
             if self._tfut is None:
-                self._tfut = torch.futures.Future()
-                if in_completer():  # a callback waits inline: never on itself
-                    fut = self._tfut
-                else:
-                    fut = None
+                self._done = torch.futures.Future()
+                self._tfut = self._done.then(self._outcome)
+                inline = in_completer()  # a callback waits inline: never on itself
+                if not inline:
                     self._arm()
-        if fut is not None:
+        if inline:
             self._complete_future()
         return self._tfut
 

@@ -34,8 +34,9 @@ def free_port() -> int:
 
 
 def torch_env(**extra: str) -> dict[str, str]:
-    """A clean environment for a torch job: one thread per process (two cores here)."""
-    return clean_env(OMP_NUM_THREADS="1", MINIDIST_TIMEOUT="60", **extra)
+    """A clean environment for a torch job: one thread per process (two cores here);
+    ``extra`` may override the defaults (``MINIDIST_TIMEOUT="10"``)."""
+    return clean_env(**{"OMP_NUM_THREADS": "1", "MINIDIST_TIMEOUT": "60", **extra})
 
 
 def run_minidist(n: int, script: Path | str, *args: str, timeout: float = 150,

@@ -130,7 +130,7 @@ def test_world_of_one_drop_in(world_of_one):
     assert torch.equal(t, torch.arange(6, dtype=torch.bfloat16).reshape(2, 3).t())
     w = dist.all_reduce(torch.ones(3), async_op=True)
     fut = w.get_future()
-    assert isinstance(fut, torch.futures.Future)
+    assert isinstance(fut, torch.Future)
     assert fut.then(lambda f: f.value()[0].sum().item()).wait() == 3.0
     assert w.wait() and w.is_completed() and w.is_success()
 
