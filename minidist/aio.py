@@ -1,8 +1,13 @@
-"""Awaitable collectives for programs that already run an asyncio event loop.
+"""minidist for programs that already run an asyncio event loop.
 
 ``await minidist.aio.init()`` joins the job on the *running* loop (no background
-thread); every call is a coroutine. The blocking API and this one are alternatives
-within a process: use one or the other.
+thread). Every public function of :mod:`minidist` is here with the same signature:
+collectives and messages are coroutines (``async_op=True`` returns an awaitable handle
+instead of a Work, and so do ``isend``/``irecv``); queries and ``new_group`` are plain
+functions. The loop keeps running other tasks while a call waits.
+
+The blocking API and this one are alternatives within a process: calling one after
+initializing the other raises a clear DistError.
 
     import asyncio, numpy as np, minidist.aio as dist
 
@@ -10,118 +15,286 @@ within a process: use one or the other.
         await dist.init()
         x = np.ones(4)
         await dist.all_reduce(x)
-        await dist.barrier()
+        h = dist.isend(x, dst=1)          # an awaitable handle
+        await h
         await dist.destroy()
 
     asyncio.run(main())
+
+See ``docs/aio.md``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
 
+from . import api, objects, startup
+from .door import Door, Planned
 from .env import default_timeout, detect
 from .errors import DistError
 from .group import Group
+from .kvstore import AsyncStore
 from .ops import ReduceOp
-from .session import Session
 
 GroupArg = Group | object | None
-_session: Session | None = None
+_door: Door | None = None
 
 
-def _s() -> Session:
-    if _session is None:
+def _d() -> Door:
+    if _door is None:
+        if api.is_initialized():
+            raise DistError("this process uses the blocking API (minidist.init()); call "
+                            "minidist's functions, not minidist.aio's")
         raise DistError("minidist.aio is not initialized: await minidist.aio.init() first")
-    return _session
+    return _door
+
+
+class Handle:
+    """A call in flight (``async_op=True``, ``isend``, ``irecv``): await it (or
+    :meth:`wait`) for its result; its error raises there."""
+
+    def __init__(self, task: asyncio.Task, result: Any = None) -> None:
+        self._task = task
+        self._result = result
+        # an error nobody awaits is still retrieved, so it is not reported as lost
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def wait(self) -> Any:
+        await self._task
+        return self._result
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self.wait().__await__()
+
+    def is_completed(self) -> bool:
+        return self._task.done()
+
+    def __repr__(self) -> str:
+        return f"<minidist.aio.Handle {'done' if self._task.done() else 'pending'}>"
+
+
+async def _go(item: Planned, async_op: bool, result: Any = None) -> Any:
+    d = _d()
+    if async_op:
+        return Handle(asyncio.ensure_future(d.run(item)), result)
+    await d.run(item)
+    return result
+
+
+# ---------------------------------------------------------------------- lifecycle
 
 
 async def init(*, rank: int | None = None, world_size: int | None = None,
                master_addr: str | None = None, master_port: int | None = None,
                timeout: float | None = None) -> None:
     """Join the job on the running loop (arguments as :func:`minidist.init`)."""
-    global _session
-    if _session is not None:
+    global _door
+    if _door is not None:
         raise DistError("minidist.aio is already initialized")
+    if api.is_initialized():
+        raise DistError("this process already uses the blocking API (minidist.init())")
     cfg = detect(os.environ, rank=rank, world_size=world_size, master_addr=master_addr,
                  master_port=master_port)
-    session = Session(cfg, float(timeout or default_timeout(os.environ)))
-    try:
-        await session.start()
-    except BaseException:
-        await session.close(graceful=False)
-        raise
-    _session = session
+    session = await startup.join(cfg, float(timeout or default_timeout(os.environ)))
+    _door = Door(session, None)
 
 
 async def destroy() -> None:
-    """Leave the job and close every socket."""
-    global _session
-    session, _session = _session, None
-    if session is not None:
-        await session.close()
+    """Leave the job and close every socket; ``init`` may be awaited again."""
+    global _door
+    d, _door = _door, None
+    if d is not None:
+        await d.close()
+
+
+def is_initialized() -> bool:
+    return _door is not None
+
+
+# ---------------------------------------------------------------------- queries and groups
 
 
 def get_rank(group: GroupArg = None) -> int:
-    s = _s()
-    return (group or s.world).rank_of(s.rank) if isinstance(group or s.world, Group) else -1
+    """See :func:`minidist.get_rank`."""
+    return _d().rank_in(group)
 
 
 def get_world_size(group: GroupArg = None) -> int:
-    g = group or _s().world
-    return g.size if isinstance(g, Group) else -1
+    """See :func:`minidist.get_world_size`."""
+    return _d().size_of(group)
 
 
-def new_group(ranks: list[int] | None = None) -> Group | object:
-    """See :func:`minidist.new_group`."""
-    return _s().new_group(ranks)
+def get_local_rank() -> int:
+    return _d().local_rank
+
+
+def get_local_world_size() -> int:
+    return _d().local_world_size
+
+
+def get_node_rank() -> int:
+    return _d().node_rank
+
+
+def new_group(ranks: list[int] | None = None, timeout: float | None = None,
+              backend: str | None = None) -> Group | object:
+    """See :func:`minidist.new_group` (opens no socket, so it is not a coroutine)."""
+    return _d().plan.new_group(ranks, timeout)
+
+
+def new_subgroups(group_size: int | None = None, group: GroupArg = None,
+                  timeout: float | None = None, backend: str | None = None
+                  ) -> tuple[Group | object, list[Group | object]]:
+    """See :func:`minidist.new_subgroups`."""
+    return _d().new_subgroups(group_size, group, timeout)
+
+
+def get_process_group_ranks(group: GroupArg) -> list[int]:
+    return list(_d().group_of(group).ranks)
+
+
+def get_group_rank(group: GroupArg, global_rank: int) -> int:
+    g = _d().group_of(group)
+    r = g.rank_of(global_rank)
+    if r < 0:
+        raise ValueError(f"global rank {global_rank} is not part of {g!r}")
+    return r
+
+
+def get_global_rank(group: GroupArg, group_rank: int) -> int:
+    return _d().group_of(group).global_rank(group_rank)
+
+
+# ---------------------------------------------------------------------- collectives
 
 
 async def all_reduce(array: np.ndarray, op: ReduceOp = ReduceOp.SUM, group: GroupArg = None,
-                     algorithm: str | None = None) -> None:
-    s = _s()
-    await s.execute(s.prepare_all_reduce(array, op, group, algorithm))
+                     async_op: bool = False, algorithm: str | None = None) -> Handle | None:
+    """See :func:`minidist.all_reduce`."""
+    return await _go(_d().plan.prepare_all_reduce(array, op, group, algorithm), async_op)
 
 
 async def broadcast(array: np.ndarray, src: int = 0, group: GroupArg = None,
-                    algorithm: str | None = None) -> None:
-    s = _s()
-    await s.execute(s.prepare_broadcast(array, src, group, algorithm))
+                    async_op: bool = False, algorithm: str | None = None) -> Handle | None:
+    """See :func:`minidist.broadcast`."""
+    return await _go(_d().plan.prepare_broadcast(array, src, group, algorithm), async_op)
 
 
-async def barrier(group: GroupArg = None) -> None:
-    s = _s()
-    await s.execute(s.prepare_barrier(group))
+async def barrier(group: GroupArg = None, async_op: bool = False) -> Handle | None:
+    """See :func:`minidist.barrier`."""
+    return await _go(_d().plan.prepare_barrier(group), async_op)
 
 
-async def all_gather(output: np.ndarray, input: np.ndarray, group: GroupArg = None) -> None:
-    s = _s()
-    await s.execute(s.prepare_all_gather(output, input, group, None))
+async def reduce(array: np.ndarray, dst: int = 0, op: ReduceOp = ReduceOp.SUM,
+                 group: GroupArg = None, async_op: bool = False,
+                 algorithm: str | None = None) -> Handle | None:
+    """See :func:`minidist.reduce`."""
+    return await _go(_d().plan.prepare_reduce(array, dst, op, group, algorithm), async_op)
+
+
+async def all_gather(output: np.ndarray, input: np.ndarray, group: GroupArg = None,
+                     async_op: bool = False, algorithm: str | None = None) -> Handle | None:
+    """See :func:`minidist.all_gather`."""
+    return await _go(_d().plan.prepare_all_gather(output, input, group, algorithm), async_op)
+
+
+async def reduce_scatter(output: np.ndarray, input: np.ndarray, op: ReduceOp = ReduceOp.SUM,
+                         group: GroupArg = None, async_op: bool = False,
+                         algorithm: str | None = None) -> Handle | None:
+    """See :func:`minidist.reduce_scatter`."""
+    return await _go(_d().plan.prepare_reduce_scatter(output, input, op, group, algorithm),
+                     async_op)
+
+
+async def gather(input: np.ndarray, output: np.ndarray | None = None, dst: int = 0,
+                 group: GroupArg = None, async_op: bool = False,
+                 algorithm: str | None = None) -> Handle | None:
+    """See :func:`minidist.gather`."""
+    return await _go(_d().plan.prepare_gather(input, output, dst, group, algorithm), async_op)
+
+
+async def scatter(output: np.ndarray, input: np.ndarray | None = None, src: int = 0,
+                  group: GroupArg = None, async_op: bool = False,
+                  algorithm: str | None = None) -> Handle | None:
+    """See :func:`minidist.scatter`."""
+    return await _go(_d().plan.prepare_scatter(output, input, src, group, algorithm), async_op)
+
+
+async def all_to_all(output: np.ndarray, input: np.ndarray, group: GroupArg = None,
+                     async_op: bool = False, algorithm: str | None = None) -> Handle | None:
+    """See :func:`minidist.all_to_all`."""
+    return await _go(_d().plan.prepare_all_to_all(output, input, group, algorithm), async_op)
+
+
+# ---------------------------------------------------------------------- point-to-point
+
+
+def isend(array: np.ndarray, dst: int, tag: int = 0, group: GroupArg = None) -> Handle:
+    """Start sending ``array`` to global rank ``dst``; await the handle for completion."""
+    d = _d()
+    return Handle(asyncio.ensure_future(d.run(d.plan.prepare_send(array, dst, tag, group))))
+
+
+def irecv(array: np.ndarray, src: int, tag: int = 0, group: GroupArg = None) -> Handle:
+    """Start receiving into ``array``; awaiting the handle gives ``src``."""
+    d = _d()
+    return Handle(asyncio.ensure_future(d.run(d.plan.prepare_recv(array, src, tag, group))),
+                  src)
 
 
 async def send(array: np.ndarray, dst: int, tag: int = 0, group: GroupArg = None) -> None:
-    s = _s()
-    await s.send(s.prepare_send(array, dst, tag, group))
+    """See :func:`minidist.send`."""
+    await _go(_d().plan.prepare_send(array, dst, tag, group), False)
 
 
 async def recv(array: np.ndarray, src: int, tag: int = 0, group: GroupArg = None) -> int:
-    s = _s()
-    await s.recv(s.prepare_recv(array, src, tag, group))
-    return src
+    """See :func:`minidist.recv`; returns ``src``."""
+    return await _go(_d().plan.prepare_recv(array, src, tag, group), False, src)
 
 
 async def send_object(obj: Any, dst: int, tag: int = 0, group: GroupArg = None) -> None:
-    import pickle
-
-    s = _s()
-    await s.send(s.prepare_send(pickle.dumps(obj), dst, tag, group, is_object=True))
+    """See :func:`minidist.send_object`."""
+    d = _d()
+    await d.run(d.plan.prepare_send(objects.dumps(obj), dst, tag, group, is_object=True))
 
 
 async def recv_object(src: int, tag: int = 0, group: GroupArg = None) -> Any:
-    import pickle
+    """See :func:`minidist.recv_object`."""
+    d = _d()
+    return objects.loads(await d.run(d.plan.prepare_recv(None, src, tag, group)))
 
-    s = _s()
-    return pickle.loads(await s.recv(s.prepare_recv(None, src, tag, group)))
+
+# ---------------------------------------------------------------------- objects
+
+
+async def broadcast_object(obj: Any, src: int = 0, group: GroupArg = None) -> Any:
+    """See :func:`minidist.broadcast_object`."""
+    return await objects.broadcast_object(_d(), obj, src, group)
+
+
+async def all_gather_object(obj: Any, group: GroupArg = None) -> list[Any]:
+    """See :func:`minidist.all_gather_object`."""
+    return await objects.all_gather_object(_d(), obj, group)
+
+
+async def gather_object(obj: Any, dst: int = 0, group: GroupArg = None) -> list[Any] | None:
+    """See :func:`minidist.gather_object`."""
+    return await objects.gather_object(_d(), obj, dst, group)
+
+
+async def scatter_object(objs: list[Any] | None, src: int = 0, group: GroupArg = None) -> Any:
+    """See :func:`minidist.scatter_object`."""
+    return await objects.scatter_object(_d(), objs, src, group)
+
+
+# ---------------------------------------------------------------------- store
+
+
+def get_store() -> AsyncStore:
+    """The job's key/value store; its methods are awaited."""
+    return AsyncStore(_d())

@@ -56,7 +56,8 @@ async def _time(sessions, algorithm: str, nbytes: int, reps: int) -> float:
     arrays = [np.zeros(max(1, nbytes // 4), np.float32) for _ in sessions]
 
     async def once() -> None:
-        preps = [s.prepare_all_reduce(a, 0, None, algorithm) for s, a in zip(sessions, arrays)]
+        preps = [s.plan.prepare_all_reduce(a, 0, None, algorithm)
+                 for s, a in zip(sessions, arrays)]
         await asyncio.gather(*(s.execute(p) for s, p in zip(sessions, preps)))
 
     await once()
@@ -69,12 +70,11 @@ async def _time(sessions, algorithm: str, nbytes: int, reps: int) -> float:
 
 async def _measure(quick: bool) -> Costs:
     from .env import LaunchConfig
-    from .session import Session
+    from .startup import join_all
 
     secret = os.urandom(12).hex().encode()
-    sessions = [Session(LaunchConfig(r, 2, r, 2, "127.0.0.1", 0, secret, r == 0, "calibrate"),
-                        30.0) for r in range(2)]
-    await asyncio.gather(*(s.start() for s in sessions))
+    sessions = await join_all([LaunchConfig(r, 2, r, 2, "127.0.0.1", 0, secret, r == 0,
+                                            "calibrate") for r in range(2)], 30.0)
     try:
         big = (1 << 20) if quick else (16 << 20)
         reps_small, reps_big = (20, 2) if quick else (200, 5)

@@ -14,16 +14,16 @@ import logging
 from collections import OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
 from . import ops, wire
-from .algorithms import ALGORITHMS
-from .algorithms.schedule import Copy, Recv, Reduce, Schedule, Send
+from .algorithms.schedule import Recv, Schedule, Send, apply_compute
 from .errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError
 from .group import Group
 from .ops import ReduceOp
-from .rendezvous.client import RendezvousClient
+from .plan import Call
 from .transport.endpoint import Connection, Endpoint
 from .transport.mailbox import Key, Mailbox
 
@@ -43,49 +43,14 @@ STALL_CHECK = 1.0
 LEFT = "it called destroy() or its script ended"
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
-    """What one collective call looks like on this rank; frames carry it so that ranks
-    that called different things find out from the first frame."""
+class Control(Protocol):
+    """What the engine needs from the job's control plane (the rendezvous client): tell
+    the other ranks something, and ask a question with a deadline."""
 
-    kind: wire.Kind
-    group: Group
-    seq: int
-    dtype: int
-    op: int
-    algorithm: int
-    algorithm_name: str
-    root: int  # global rank, -1 if none
-    count: int
-    shape: int
+    def notify(self, body: dict[str, Any]) -> None: ...
 
-    @property
-    def name(self) -> str:
-        return self.kind.name.lower()
-
-    def describe(self, h: wire.Header | None = None) -> str:
-        """The call as a user would write it (or as the frame ``h`` says its sender did)."""
-        if h is None:
-            kind, dtype, op, root, count, algo = (self.kind, self.dtype, self.op, self.root,
-                                                  self.count, self.algorithm)
-        else:
-            kind, dtype, op, root, count, algo = h.kind, h.dtype, h.op, h.root, h.count, \
-                h.algorithm
-        try:
-            dt = str(ops.dtype_from_code(dtype))
-        except ValueError:
-            dt = f"code {dtype}"
-        name = wire.Kind(kind).name.lower()
-        parts = [f"count={count}", f"dtype={dt}"]
-        if kind in (wire.Kind.ALL_REDUCE, wire.Kind.REDUCE, wire.Kind.REDUCE_SCATTER):
-            parts.append(f"op={ReduceOp(op).name}")
-        if root >= 0:
-            parts.append(f"root={root}")
-        names = ALGORITHMS.get(name, ())
-        if kind != wire.Kind.P2P:
-            parts.append(f"algorithm={names[algo]!r}" if algo < len(names)
-                         else "an unknown algorithm")
-        return f"{name}({', '.join(parts)})"
+    async def request(self, body: dict[str, Any], blob: bytes = b"",
+                      timeout: float = 300.0) -> Any: ...
 
 
 def tag_name(tag: int) -> str:
@@ -115,12 +80,11 @@ class Engine:
     (except :meth:`next_seq`, :meth:`next_p2p_seq`, :meth:`send_first` and
     :meth:`send_p2p_now`, which the caller's thread runs in call order)."""
 
-    def __init__(self, rank: int, endpoint: Endpoint | None, mailbox: Mailbox,
-                 client: RendezvousClient | None) -> None:
+    def __init__(self, rank: int, mailbox: Mailbox) -> None:
         self.rank = rank
-        self.endpoint = endpoint
+        self.endpoint: Endpoint | None = None
         self.mailbox = mailbox
-        self.client = client
+        self.client: Control | None = None
         self.entered: dict[int, int] = defaultdict(int)
         self.lost: dict[int, str] = {}  # ranks that died -> why
         self.left: dict[int, str] = {}  # ranks that left normally -> how
@@ -135,6 +99,12 @@ class Engine:
         self._p2p_seq: dict[tuple[int, int, int, bool], int] = {}
         mailbox.on_mismatch = self._frame_mismatch
         mailbox.on_unexpected = self._unexpected
+
+    def attach(self, endpoint: Endpoint, control: Control) -> None:
+        """Connect the engine to this rank's endpoint and the job's control plane (a
+        world of one has neither)."""
+        self.endpoint = endpoint
+        self.client = control
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -497,7 +467,7 @@ class Engine:
         itemsize = next(iter(bufs.values())).itemsize
         done = []
         for i, c in enumerate(schedule.steps[0].comms):
-            if isinstance(c, Send):
+            if isinstance(c, Send) and c.buf in bufs:  # scratch comes later, on the loop
                 conn = self._direct(ranks[c.peer])
                 frame = None if conn is None else self._frame(call, c, bufs, itemsize)
                 if frame is not None and conn.send_now(loop, *frame):
@@ -573,6 +543,10 @@ class Engine:
         call = active.call
         ranks = call.group.ranks
         itemsize = next(iter(bufs.values())).itemsize
+
+        def combine(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+            ops.reduce_into(op, out, a, b)
+
         for step in schedule.steps:
             if active.error is not None:
                 raise active.error
@@ -596,14 +570,8 @@ class Engine:
                 await fut
                 waiting.discard(src)
             active.keys.clear()
-            for c in step.compute:
-                if isinstance(c, Reduce):
-                    ops.reduce_into(op, bufs[c.dst][c.dst_lo:c.dst_lo + c.n],
-                                    bufs[c.a][c.a_lo:c.a_lo + c.n],
-                                    bufs[c.b][c.b_lo:c.b_lo + c.n])
-                elif isinstance(c, Copy):
-                    np.copyto(bufs[c.dst][c.dst_lo:c.dst_lo + c.n],
-                              bufs[c.src][c.src_lo:c.src_lo + c.n])
+            if step.compute:
+                apply_compute(step.compute, bufs, combine)
 
     async def _send(self, call: Call, dst: int, s: Send, bufs: dict[str, np.ndarray],
                     itemsize: int) -> None:

@@ -29,7 +29,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from . import shm
+from . import segments
 from .env import default_timeout
 from .rendezvous.agent import NodeAgent
 from .rendezvous.server import RendezvousServer, bind_listeners
@@ -131,7 +131,7 @@ class Launcher:
         self._listeners = bind_listeners("127.0.0.1" if o.nnodes == 1 else "0.0.0.0",
                                          o.master_port, addresses.job_key(self.secret.encode()))
         self.port = self._listeners[-1].getsockname()[1]
-        shm.sweep_orphans()  # names left by jobs whose every process was killed
+        segments.sweep_orphans()  # names left by jobs whose every process was killed
         if o.start_method == "fork":
             _preload()
             gc.freeze()  # the children's collections leave the shared pages alone
@@ -219,7 +219,7 @@ class Launcher:
                 await server.close()
             if agent is not None:
                 await agent.close()
-            swept = shm.sweep(addresses.job_key(self.secret.encode()))
+            swept = segments.sweep(addresses.job_key(self.secret.encode()))
             if swept:
                 self._note(f"removed shared memory left by killed ranks: {swept}")
         return self.first_failure or 0

@@ -70,7 +70,3 @@ class Runtime:
         self._thread.join(timeout=10)
         if not self._thread.is_alive():
             self.loop.close()
-
-    @property
-    def in_loop_thread(self) -> bool:
-        return threading.current_thread() is self._thread

@@ -166,8 +166,6 @@ class Kind(enum.IntEnum):
     P2P = 10
 
 
-KIND_BY_NAME = {k.name.lower(): k for k in Kind}
-
 # magic, version, kind, dtype, op, algorithm, flags,
 # group, seq, src, root, tag, shape digest, count, nbytes, reserved
 _HEADER = struct.Struct("<2sBBBBBBQQiiIIQQQ")

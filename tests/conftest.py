@@ -10,18 +10,14 @@ import pytest
 
 from minidist.env import LaunchConfig
 from minidist.session import Session
+from minidist.startup import join_all
 
 
 async def start_job(n: int, timeout: float = 10.0) -> list[Session]:
     """``n`` sessions of a fresh job in the running loop (rank 0 hosts the rendezvous)."""
     secret = os.urandom(12).hex().encode()
-    sessions = [Session(LaunchConfig(r, n, r, n, "127.0.0.1", 0, secret, r == 0, "test"),
-                        timeout) for r in range(n)]
-    async with asyncio.timeout(timeout + 5):
-        async with asyncio.TaskGroup() as tg:
-            for s in sessions:
-                tg.create_task(s.start())
-    return sessions
+    return await join_all([LaunchConfig(r, n, r, n, "127.0.0.1", 0, secret, r == 0, "test")
+                           for r in range(n)], timeout)
 
 
 async def stop_job(sessions: list[Session]) -> None:

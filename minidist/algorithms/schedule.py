@@ -24,8 +24,9 @@ Contract shared by every algorithm (tests check it in the simulator):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Buf = Literal["in", "out", "tmp"]
 
@@ -106,3 +107,18 @@ class Schedule:
     # True: "tmp" is one area shared by every rank of the group (shared memory on a
     # node), and the schedule's messages order the ranks' accesses to it.
     shared_tmp: bool = False
+
+
+def apply_compute(compute: Sequence[Reduce | Copy], bufs: Mapping[str, Any],
+                  combine: Callable[[Any, Any, Any], None]) -> None:
+    """Run a step's local work on ``bufs`` (1-D arrays by name): ``combine(out, a, b)``
+    for each Reduce, a slice copy for each Copy. The one interpreter of this work,
+    shared by the engine and the simulator."""
+    for c in compute:
+        if c.n == 0:
+            continue
+        if isinstance(c, Reduce):
+            combine(bufs[c.dst][c.dst_lo:c.dst_lo + c.n], bufs[c.a][c.a_lo:c.a_lo + c.n],
+                    bufs[c.b][c.b_lo:c.b_lo + c.n])
+        else:
+            bufs[c.dst][c.dst_lo:c.dst_lo + c.n] = bufs[c.src][c.src_lo:c.src_lo + c.n]

@@ -24,7 +24,7 @@ import numpy as np
 from ..ops import ReduceOp, check_op, finish, reduce_into
 from . import IN_PLACE, REDUCING, ROOTED, make_schedule
 from .analysis import ScheduleError, stats, validate
-from .schedule import Copy, Recv, Reduce, Schedule, Send
+from .schedule import Copy, Recv, Reduce, Schedule, Send, apply_compute
 
 __all__ = [
     "OutWrite", "SimulationError", "check_out_contract", "first_out_writes", "run",
@@ -136,18 +136,10 @@ def _execute(
                     progress = True
                 if waiting[r] or unsent[r]:
                     break
-                for op in st.compute:
-                    if on_compute is not None:
+                if on_compute is not None:
+                    for op in st.compute:
                         on_compute(r, pc[r], op)
-                    if op.n == 0:
-                        continue
-                    if isinstance(op, Reduce):
-                        combine(bufs[op.dst][op.dst_lo:op.dst_lo + op.n],
-                                bufs[op.a][op.a_lo:op.a_lo + op.n],
-                                bufs[op.b][op.b_lo:op.b_lo + op.n])
-                    else:
-                        bufs[op.dst][op.dst_lo:op.dst_lo + op.n] = \
-                            bufs[op.src][op.src_lo:op.src_lo + op.n]
+                apply_compute(st.compute, bufs, combine)
                 pc[r] += 1
                 entered[r] = False
                 progress = True

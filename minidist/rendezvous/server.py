@@ -140,7 +140,6 @@ class RendezvousServer(Acceptor):
         self._tasks: set[asyncio.Task] = set()
         self._welcomed = False
         self._next: list[tuple[_Client, int, dict[str, Any]]] = []
-        self._all_registered = asyncio.Event()
         self._query_ids = itertools.count(1)
         self._closed = False
         self._shutting_down = False
@@ -168,6 +167,8 @@ class RendezvousServer(Acceptor):
         return self.port
 
     async def close(self) -> None:
+        if self._closed and not self._tasks:
+            return
         self._closed = True
         if self._departures is not None:
             self._departures.cancel()
@@ -184,9 +185,6 @@ class RendezvousServer(Acceptor):
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def wait_registered(self) -> None:
-        await self._all_registered.wait()
 
     async def wait_all_left(self, timeout: float) -> None:
         """Return once every registered rank has left or been lost, or after ``timeout``."""
@@ -347,26 +345,16 @@ class RendezvousServer(Acceptor):
         if not c.registered:
             raise ProtocolError(f"message {t!r} before register")
         rid = b.get("id")
-        if t == "kv_set":
-            await self.store.set(b["key"], msg.blob)
-            c.send({"t": "reply", "id": rid})
-        elif t in ("kv_get", "kv_wait"):
+        if t in ("kv_get", "kv_wait"):  # may wait: the connection goes on meanwhile
             self._spawn(self._kv_wait(c, b))
-        elif t == "kv_add":
-            c.send({"t": "reply", "id": rid,
-                    "value": await self.store.add(b["key"], b.get("amount", 1))})
-        elif t == "kv_compare_set":
-            value = await self.store.compare_set(b["key"], b["expected"].encode("latin-1"),
-                                                 msg.blob)
-            c.send({"t": "reply", "id": rid}, value)
-        elif t == "kv_check":
-            c.send({"t": "reply", "id": rid, "ok": self.store.check(b["keys"])})
-        elif t == "kv_delete":
-            c.send({"t": "reply", "id": rid, "ok": self.store.delete(b["key"])})
+        elif t.startswith("kv_"):
+            try:
+                fields, value = await self.store.serve(b, msg.blob)
+            except (ValueError, KeyError, TypeError) as e:
+                raise ProtocolError(f"bad key/value request {t!r}: {e}") from None
+            c.send({"t": "reply", "id": rid, **fields}, value)
         elif t == "joined":
             c.send({"t": "reply", "id": rid, "value": sorted(self._clients)})
-        elif t == "kv_num_keys":
-            c.send({"t": "reply", "id": rid, "value": len(self.store)})
         elif t == "abort":
             fwd = {k: v for k, v in b.items() if k not in ("ranks", "id")}
             fwd["by"] = c.rank
@@ -458,7 +446,6 @@ class RendezvousServer(Acceptor):
                     c.channel.writer.write(raw)
             else:
                 c.send(body)
-        self._all_registered.set()
 
     def _maybe_next_generation(self) -> None:
         if not self._next or self._clients:
@@ -469,7 +456,6 @@ class RendezvousServer(Acceptor):
             self._departures = None
         self._departing.clear()
         self._welcomed = False
-        self._all_registered.clear()
         self.left.clear()
         for c, rank, b in waiting:
             if not c.channel.closing():
@@ -500,16 +486,15 @@ class RendezvousServer(Acceptor):
                 peer.send(fwd)
 
     async def _kv_wait(self, c: _Client, b: dict[str, Any]) -> None:
-        keys = b["keys"] if b["t"] == "kv_wait" else [b["key"]]
         try:
-            await self.store.wait(keys, b.get("timeout", 300.0))
+            fields, value = await self.store.serve(b, b"")
         except TimeoutError:
+            keys = b["keys"] if b["t"] == "kv_wait" else [b["key"]]
             missing = [k for k in keys if not self.store.check([k])]
             c.send({"t": "reply", "id": b["id"], "timeout": True,
                     "error": f"store keys not set within {b.get('timeout', 300.0):g} s: {missing}"})
             return
-        blob = await self.store.get(keys[0], 0.0) if b["t"] == "kv_get" else b""
-        c.send({"t": "reply", "id": b["id"]}, blob)
+        c.send({"t": "reply", "id": b["id"], **fields}, value)
         with contextlib.suppress(ConnectionError):
             await c.channel.drain()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 
 class KeyValueStore:
@@ -52,3 +53,32 @@ class KeyValueStore:
 
     def __len__(self) -> int:
         return len(self._data)
+
+    async def serve(self, body: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+        """Answer one request of the key/value protocol (``body["t"]`` is ``kv_set``,
+        ``kv_get``, ``kv_wait``, ``kv_add``, ``kv_compare_set``, ``kv_check``,
+        ``kv_delete`` or ``kv_num_keys``): (the reply's fields, the value it carries).
+        The same code serves the rendezvous and a world of one. TimeoutError when a
+        wait passes ``body["timeout"]``."""
+        t = body["t"]
+        timeout = float(body.get("timeout", 300.0))
+        if t == "kv_set":
+            await self.set(body["key"], blob)
+            return {}, b""
+        if t == "kv_get":
+            return {}, await self.get(body["key"], timeout)
+        if t == "kv_wait":
+            await self.wait(body["keys"], timeout)
+            return {}, b""
+        if t == "kv_add":
+            return {"value": await self.add(body["key"], body.get("amount", 1))}, b""
+        if t == "kv_compare_set":
+            return {}, await self.compare_set(body["key"], body["expected"].encode("latin-1"),
+                                              blob)
+        if t == "kv_check":
+            return {"ok": self.check(body["keys"])}, b""
+        if t == "kv_delete":
+            return {"ok": self.delete(body["key"])}, b""
+        if t == "kv_num_keys":
+            return {"value": len(self)}, b""
+        raise ValueError(f"unknown key/value request {t!r}")

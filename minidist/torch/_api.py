@@ -232,11 +232,11 @@ def _mirror() -> None:
     td = torch.distributed
     if td.is_initialized():
         return
-    s, _ = md._current()
+    job_timeout = md.door().timeout
     t = _default_timeout()
-    td.init_process_group(_backend.BACKEND, store=_backend.SessionStore(s.timeout),
+    td.init_process_group(_backend.BACKEND, store=_backend.SessionStore(job_timeout),
                           rank=md.get_rank(), world_size=md.get_world_size(),
-                          timeout=datetime.timedelta(seconds=s.timeout if t is None else t))
+                          timeout=datetime.timedelta(seconds=job_timeout if t is None else t))
     _state["mirrored"] = True
 
 

@@ -37,12 +37,10 @@ import torch.distributed as tdist
 from torch.distributed.constants import default_pg_timeout as _default_pg_timeout
 
 from .. import api as md
+from .. import startup
 from ..env import DEFAULT_TIMEOUT, LaunchConfig
 from ..errors import DistError
 from ..group import WORLD_ID, Group
-from ..rendezvous.server import RendezvousServer
-from ..runtime import Runtime
-from ..session import Session
 from . import _collectives as C
 from ._work import Work, seconds
 
@@ -100,43 +98,30 @@ def bootstrap_from_store(store: Any, rank: int, world_size: int, timeout: float)
     with _lock:
         key = f"{STORE_KEY}/{_bootstraps}"
         _bootstraps += 1
-    runtime = Runtime()
-    server = None
-    session = None
-    try:
-        if rank == 0:
-            secret = secrets.token_hex(16)
-            host = "127.0.0.1" if _single_node(world_size) else "0.0.0.0"
-            server = RendezvousServer(secret.encode(), world_size, host=host,
-                                      port=_own_port())
-            port = runtime.call(server.start())
-            addr = "127.0.0.1" if host == "127.0.0.1" else _advertised_addr(store)
-            store.set(key, f"{addr}\n{port}\n{secret}")
-        else:
-            addr, port, secret = store.get(key).decode().split("\n")
-            port = int(port)
-        local_rank, local_size = rank, world_size
-        if _single_node(world_size) or os.environ.get("WORLD_SIZE") == str(world_size):
-            try:
-                local_rank = int(os.environ.get("LOCAL_RANK", rank))
-                local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-            except ValueError:
-                pass
-        # as under torchrun: local rank 0 of every other node hosts its node's agent
-        agent = local_rank == 0 and rank != 0 and local_size < world_size
-        cfg = LaunchConfig(rank, world_size, local_rank, local_size, addr, int(port),
-                           secret.encode(), False, "torch-store", host_agent=agent)
-        session = Session(cfg, timeout)
-        session.server = server  # closed with the session, after the others left
-        runtime.call(session.start())
-        md._adopt(session, runtime)
-    except BaseException:
-        if session is not None:
-            runtime.call(session.close(graceful=False))
-        elif server is not None:
-            runtime.call(server.close())
-        runtime.stop()
-        raise
+    serve = announce = None
+    if rank == 0:
+        secret = secrets.token_hex(16)
+        host = "127.0.0.1" if _single_node(world_size) else "0.0.0.0"
+        serve = (host, _own_port())
+        addr, port = "127.0.0.1", 0  # this process hosts the rendezvous
+
+        def announce(_host: str, bound: int) -> None:
+            reach = "127.0.0.1" if host == "127.0.0.1" else _advertised_addr(store)
+            store.set(key, f"{reach}\n{bound}\n{secret}")
+    else:
+        addr, port, secret = store.get(key).decode().split("\n")
+    local_rank, local_size = rank, world_size
+    if _single_node(world_size) or os.environ.get("WORLD_SIZE") == str(world_size):
+        try:
+            local_rank = int(os.environ.get("LOCAL_RANK", rank))
+            local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        except ValueError:
+            pass
+    # as under torchrun: local rank 0 of every other node hosts its node's agent
+    agent = local_rank == 0 and rank != 0 and local_size < world_size
+    cfg = LaunchConfig(rank, world_size, local_rank, local_size, addr, int(port),
+                       secret.encode(), False, "torch-store", host_agent=agent)
+    md.attach(startup.start(cfg, timeout, host=serve, announce=announce))
 
 
 # ---------------------------------------------------------------------- the process group
@@ -159,6 +144,9 @@ def _work(opts: Any, work: Work) -> Work:
     if isinstance(t, datetime.timedelta) and t >= datetime.timedelta(0):
         work._limit = seconds(t)
     return work
+
+
+_CPU = torch.device("cpu")
 
 
 def _many(works: list[Work], result: Any, what: str) -> Work:
@@ -187,6 +175,7 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
         self._ranks = C.members(group)
         self._name = ""
         self._desc = ""
+        self._coalesced: list[Work] | None = None  # between _start/_end_coalescing
 
     # ------------------------------------------------------------------ identity
 
@@ -197,6 +186,60 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    # torch finds the backend that serves a device through ``pg._device_types`` and
+    # ``pg._get_backend(device)`` (object collectives, the coalescing manager,
+    # DeviceMesh, FSDP, checkpointing). c10d keeps those in C++ for the backends it
+    # registers; this process group is its own backend, for the CPU.
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        """The devices this group serves: the CPU."""
+        return [_CPU]
+
+    def _get_backend(self, device: Any) -> ProcessGroupMinidist:
+        """The backend for ``device``: this group itself, for the CPU."""
+        kind = torch.device(device).type if not isinstance(device, torch.device) \
+            else device.type
+        if kind != "cpu":
+            raise RuntimeError(f"No backend type associated with device type {kind} "
+                               "(the minidist backend serves CPU tensors only)")
+        return self
+
+    @property
+    def supports_splitting(self) -> bool:
+        return False
+
+    @property
+    def supports_coalescing(self) -> bool:
+        return False
+
+    @property
+    def supports_time_estimate(self) -> bool:
+        return False
+
+    def supports_tensor_alloc(self, device: Any = None) -> bool:
+        return False
+
+    def _start_coalescing(self, device: Any = None) -> None:
+        """torch's ``_coalescing_manager(group, device)``: the calls made until
+        :meth:`_end_coalescing` are started as they come, and waited for together."""
+        self._get_backend(device if device is not None else _CPU)
+        if self._coalesced is not None:
+            raise RuntimeError("minidist: _start_coalescing called twice without "
+                               "_end_coalescing")
+        self._coalesced = []
+
+    def _end_coalescing(self, device: Any = None) -> Work:
+        """One Work for every call made since :meth:`_start_coalescing`."""
+        works, self._coalesced = self._coalesced or [], None
+        return _many(works, [w._result for w in works], "coalesced")
+
+    def _issue(self, opts: Any, work: Work) -> Work:
+        work = _work(opts, work)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
 
     # torch names every process group it creates (``_set_group_name`` /
     # ``_set_group_desc``); c10d keeps those names on its backends, which a Python
@@ -245,22 +288,22 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
 
     def allreduce(self, tensors: Any, opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else "SUM"
-        return _work(opts, C.all_reduce(_one(tensors, "allreduce"), op, self._md_group))
+        return self._issue(opts, C.all_reduce(_one(tensors, "allreduce"), op, self._md_group))
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else "SUM"
         works = [C.all_reduce(t, op, self._md_group) for t in tensors]
-        return _work(opts, _many(works, list(tensors), "allreduce_coalesced"))
+        return self._issue(opts, _many(works, list(tensors), "allreduce_coalesced"))
 
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:
         root = opts.rootRank if opts is not None else 0
-        return _work(opts, C.broadcast(_one(tensors, "broadcast"), self._global(root),
+        return self._issue(opts, C.broadcast(_one(tensors, "broadcast"), self._global(root),
                                        self._md_group))
 
     def reduce(self, tensors: Any, opts: Any = None) -> Any:
         root = opts.rootRank if opts is not None else 0
         op = opts.reduceOp if opts is not None else "SUM"
-        return _work(opts, C.reduce(_one(tensors, "reduce"), self._global(root), op,
+        return self._issue(opts, C.reduce(_one(tensors, "reduce"), self._global(root), op,
                                     self._md_group))
 
     def allgather(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
@@ -268,11 +311,11 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
             raise ValueError("minidist allgather: expects one output list")
         w = C.all_gather(output_lists[0], _one(inputs, "allgather"), self._md_group)
         w._result = output_lists
-        return _work(opts, w)
+        return self._issue(opts, w)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
                         opts: Any = None) -> Any:
-        return _work(opts, C.all_gather_into_tensor(output, input, self._md_group))
+        return self._issue(opts, C.all_gather_into_tensor(output, input, self._md_group))
 
     all_gather_single = _allgather_base
 
@@ -280,19 +323,36 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
                                         opts: Any = None) -> Any:
         works = [C.all_gather_into_tensor(o, i, self._md_group)
                  for o, i in zip(outputs, inputs)]
-        return _work(opts, _many(works, list(outputs), "allgather_into_tensor_coalesced"))
+        return self._issue(opts, _many(works, list(outputs), "allgather_into_tensor_coalesced"))
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def allgather_coalesced(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
+        """torch's all_gather_coalesced: ``output_lists[j][i]`` receives group rank
+        ``j``'s ``inputs[i]`` (one all_gather per input)."""
+        n = len(self._ranks)
+        if len(output_lists) != n:
+            raise ValueError(f"minidist allgather_coalesced: expects one output list per "
+                             f"rank of the group ({n}), got {len(output_lists)}")
+        for j, outs in enumerate(output_lists):
+            if len(outs) != len(inputs):
+                raise ValueError(f"minidist allgather_coalesced: output list {j} has "
+                                 f"{len(outs)} tensors for {len(inputs)} inputs")
+        works = [C.all_gather([output_lists[j][i] for j in range(n)], t, self._md_group)
+                 for i, t in enumerate(inputs)]
+        return self._issue(opts, _many(works, output_lists, "allgather_coalesced"))
 
     def reduce_scatter(self, outputs: Any, input_lists: Any, opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else "SUM"
         if len(input_lists) != 1:
             raise ValueError("minidist reduce_scatter: expects one input list")
-        return _work(opts, C.reduce_scatter(_one(outputs, "reduce_scatter"), input_lists[0],
+        return self._issue(opts, C.reduce_scatter(_one(outputs, "reduce_scatter"), input_lists[0],
                                             op, self._md_group))
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
                              opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else "SUM"
-        return _work(opts, C.reduce_scatter_tensor(output, input, op, self._md_group))
+        return self._issue(opts, C.reduce_scatter_tensor(output, input, op, self._md_group))
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -301,33 +361,35 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
         op = opts.reduceOp if opts is not None else "SUM"
         works = [C.reduce_scatter_tensor(o, i, op, self._md_group)
                  for o, i in zip(outputs, inputs)]
-        return _work(opts, _many(works, list(outputs), "reduce_scatter_tensor_coalesced"))
+        return self._issue(opts, _many(works, list(outputs), "reduce_scatter_tensor_coalesced"))
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     def gather(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
         root = self._global(opts.rootRank if opts is not None else 0)
         outs = output_lists[0] if len(output_lists) else None
         w = C.gather(_one(inputs, "gather"), outs, root, self._md_group)
         w._result = output_lists
-        return _work(opts, w)
+        return self._issue(opts, w)
 
     def scatter(self, outputs: Any, input_lists: Any, opts: Any = None) -> Any:
         root = self._global(opts.rootRank if opts is not None else 0)
         ins = input_lists[0] if len(input_lists) else None
-        return _work(opts, C.scatter(_one(outputs, "scatter"), ins, root, self._md_group))
+        return self._issue(opts, C.scatter(_one(outputs, "scatter"), ins, root, self._md_group))
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: Any = None, input_split_sizes: Any = None,
                       opts: Any = None) -> Any:
-        return _work(opts, C.all_to_all_single(output, input, output_split_sizes,
+        return self._issue(opts, C.all_to_all_single(output, input, output_split_sizes,
                                                input_split_sizes, self._md_group))
 
     all_to_all_single = alltoall_base
 
     def alltoall(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-        return _work(opts, C.all_to_all(list(outputs), list(inputs), self._md_group))
+        return self._issue(opts, C.all_to_all(list(outputs), list(inputs), self._md_group))
 
     def barrier(self, opts: Any = None) -> Any:
-        return _work(opts, C.barrier(self._md_group))
+        return self._issue(opts, C.barrier(self._md_group))
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         C.monitored_barrier(self._md_group, seconds(timeout), wait_all_ranks)
@@ -335,11 +397,11 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
     # ------------------------------------------------------------------ point-to-point
 
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Any:  # noqa: N803
-        return _work(None, C.isend(_one(tensors, "send"), self._global(dstRank), tag,
+        return self._issue(None, C.isend(_one(tensors, "send"), self._global(dstRank), tag,
                                    self._md_group))
 
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Any:  # noqa: N803
-        return _work(None, C.irecv(_one(tensors, "recv"), self._global(srcRank), tag,
+        return self._issue(None, C.irecv(_one(tensors, "recv"), self._global(srcRank), tag,
                                    self._md_group))
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:

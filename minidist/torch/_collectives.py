@@ -26,7 +26,7 @@ from .. import api as md
 from ..errors import DistTimeoutError
 from ..group import Group
 from ..ops import ReduceOp
-from ..session import P2P_TAG_LIMIT
+from ..plan import P2P_TAG_LIMIT
 from ._tensors import (
     as_input,
     as_output,
@@ -127,9 +127,62 @@ def _check_blocks(what: str, ts: Sequence[torch.Tensor], like: torch.Tensor, n: 
 @_ordered
 def all_reduce(t: torch.Tensor, op: Any, g: Group | None) -> Work:
     op = to_op(op)
+    if isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo:
+        return sparse_all_reduce(t, op, g)
     arr, post = as_output(t, "all_reduce", reduce=True)
     w = md.all_reduce(arr, op, g, async_op=True)
     return Work(_futures(w), post, [t], "all_reduce")
+
+
+@_ordered
+def sparse_all_reduce(t: torch.Tensor, op: Any, g: Group | None) -> Work:
+    """The sum of a sparse COO tensor over the group, in place (as gloo does it): the
+    indices and values of every rank are gathered (padded to the largest count of
+    entries), then added up and coalesced. Only ReduceOp.SUM. Runs to the end before it
+    returns (three minidist calls: entry counts, indices, values); the Work is done."""
+    what = "all_reduce (sparse)"
+    op = to_op(op)
+    if op is not ReduceOp.SUM:
+        raise ValueError(f"{what}: sparse tensors can only be reduced with "
+                         f"ReduceOp.SUM, not {op.name}")
+    if t.device.type != "cpu":
+        check_tensor(t, what)  # raises: CPU tensors only
+    n = len(members(g))
+    ranks = members(g)
+    with torch.no_grad():
+        src = t.detach().coalesce()
+        idx, vals = src.indices().contiguous(), src.values().contiguous()
+        nnz, sd, dd = int(idx.shape[1]), t.sparse_dim(), t.dense_dim()
+        meta = torch.tensor([nnz, sd, dd, *t.shape], dtype=torch.int64)
+        metas = torch.empty(n, meta.numel(), dtype=torch.int64)
+        all_gather_into_tensor(metas, meta, g).wait()
+        for r in range(n):
+            if not torch.equal(metas[r, 1:], meta[1:]):
+                raise ValueError(
+                    f"{what}: global rank {ranks[r]} has a sparse tensor of shape "
+                    f"{tuple(metas[r, 3:].tolist())} with {int(metas[r, 1])} sparse "
+                    f"dimensions; this rank's is {tuple(t.shape)} with {sd}")
+        counts = metas[:, 0].tolist()
+        top = max(counts)
+        dense = tuple(t.shape[sd:])
+        if top:
+            pidx = torch.zeros(sd, top, dtype=torch.int64)
+            pidx[:, :nnz] = idx
+            pvals = torch.zeros((top, *dense), dtype=vals.dtype)
+            pvals[:nnz] = vals
+            gidx = torch.empty((n, sd, top), dtype=torch.int64)
+            gvals = torch.empty((n, top, *dense), dtype=vals.dtype)
+            w1 = all_gather_into_tensor(gidx, pidx, g)
+            w2 = all_gather_into_tensor(gvals, pvals, g)
+            w1.wait()
+            w2.wait()
+            all_idx = torch.cat([gidx[r, :, :c] for r, c in enumerate(counts)], dim=1)
+            all_vals = torch.cat([gvals[r, :c] for r, c in enumerate(counts)])
+        else:
+            all_idx, all_vals = idx, vals
+        total = torch.sparse_coo_tensor(all_idx, all_vals, t.shape).coalesce()
+        t.copy_(total)
+    return Work([], None, [t], "all_reduce")
 
 
 @_ordered
@@ -247,13 +300,13 @@ def scatter(t: torch.Tensor, ins: Sequence[torch.Tensor] | None, src: int,
 
 
 def _isend(arr: np.ndarray, dst: int, g: Group | None, tag: int = TAG_COLLECTIVE):
-    s, r = md._current()
-    return r.submit(s.send(s.prepare_send(arr, dst, tag, g, internal=True)))
+    d = md.door()
+    return d.submit(d.plan.prepare_send(arr, dst, tag, g, internal=True))
 
 
 def _irecv(arr: np.ndarray, src: int, g: Group | None, tag: int = TAG_COLLECTIVE):
-    s, r = md._current()
-    return r.submit(s.recv(s.prepare_recv(arr, src, tag, g, internal=True)))
+    d = md.door()
+    return d.submit(d.plan.prepare_recv(arr, src, tag, g, internal=True))
 
 
 @_ordered
@@ -371,10 +424,10 @@ def irecv(t: torch.Tensor, src: int, tag: int, g: Group | None) -> Work:
 
 @_ordered
 def _submit_object(obj: Any, dst: int, g: Group | None):
-    s, r = md._current()
+    d = md.door()
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return r.submit(s.send(s.prepare_send(data, dst, TAG_OBJECT, g, is_object=True,
-                                          internal=True)))
+    return d.submit(d.plan.prepare_send(data, dst, TAG_OBJECT, g, is_object=True,
+                                        internal=True))
 
 
 def send_object(obj: Any, dst: int, g: Group | None) -> None:
@@ -384,8 +437,8 @@ def send_object(obj: Any, dst: int, g: Group | None) -> None:
 
 @_ordered
 def _submit_recv_object(src: int, g: Group | None):
-    s, r = md._current()
-    return r.submit(s.recv(s.prepare_recv(None, src, TAG_OBJECT, g, internal=True)))
+    d = md.door()
+    return d.submit(d.plan.prepare_recv(None, src, TAG_OBJECT, g, internal=True))
 
 
 def recv_object(src: int, g: Group | None) -> Any:
@@ -397,12 +450,24 @@ def recv_object(src: int, g: Group | None) -> Any:
 _monitored: dict[int, int] = {}
 
 
+def _ms(seconds: float) -> int:
+    return int(round(seconds * 1000))
+
+
 def monitored_barrier(g: Group | None, timeout: float | None, wait_all_ranks: bool) -> None:
-    """A barrier with its own deadline in which the first rank of the group names the
-    ranks that did not arrive (through the job's key/value store, like gloo's)."""
-    s, _ = md._current()
+    """A barrier in which the group's first rank names the ranks that did not arrive
+    within ``timeout`` (through the job's key/value store), with gloo's wording.
+
+    Only the first rank enforces ``timeout`` (as in gloo, so that it is the one to say
+    who failed); it then tells the others, which raise at once. The others wait at
+    most the group's timeout (or ``timeout``, if longer) for the first rank.
+    ``timeout`` 0: the first rank does not wait; it passes only if every rank already
+    arrived. Ranks in messages are group ranks, as in torch; the minidist part of the
+    message names the global ranks.
+    """
+    group_timeout = md.door().timeout_of(g)
     if timeout is None:
-        timeout = s.timeout if g is None or g.timeout is None else g.timeout
+        timeout = group_timeout
     ranks = members(g)
     gid = 0 if g is None else g.id
     with _order:
@@ -414,28 +479,58 @@ def monitored_barrier(g: Group | None, timeout: float | None, wait_all_ranks: bo
     base = f"__minidist_torch/monitored_barrier/{gid:x}"
     go = f"{base}/{count}/go"
     me = md.get_rank()
+    where = f"group of ranks {list(ranks)}"
     if me == ranks[0]:
         keys = [f"{base}/{count}/{r}" for r in ranks[1:]]
-        try:
-            store.wait(keys, timeout)
-        except DistTimeoutError:
+        missing: list[int] = []
+        if timeout == 0:
             missing = [r for r, k in zip(ranks[1:], keys) if not store.check([k])]
+        else:
+            try:
+                store.wait(keys, timeout)
+            except DistTimeoutError:
+                missing = [r for r, k in zip(ranks[1:], keys) if not store.check([k])]
+        if missing:
+            store.set(go, "failed:" + ",".join(str(ranks.index(r)) for r in missing))
             shown = missing if wait_all_ranks else missing[:1]
+            names = ", ".join(str(ranks.index(r)) for r in shown)
+            if timeout == 0 and not wait_all_ranks:
+                head = f"Rank 0 timed out in monitoredBarrier after {_ms(timeout)} ms."
+            elif wait_all_ranks:
+                head = (f"[Rank 0]: Ranks {names} failed to pass monitoredBarrier in "
+                        f"{_ms(timeout)} ms")
+            else:
+                head = (f"[Rank 0]: Rank {names} failed to pass monitoredBarrier in "
+                        f"{_ms(timeout)} ms")
             raise DistTimeoutError(
-                f"monitored_barrier: rank(s) {shown} did not reach the barrier within "
-                f"{timeout:g} s (group of ranks {list(ranks)})", collective="monitored_barrier",
-                group=g, missing=shown) from None
+                f"{head} (monitored_barrier: global rank(s) {shown} did not reach the "
+                f"barrier within {timeout:g} s; {where})", collective="monitored_barrier",
+                group=g, missing=shown)
         for k in keys:
             store.delete_key(k)
         if count:
             store.delete_key(f"{base}/{count - 1}/go")
         store.set(go, b"1")
-    else:
-        store.set(f"{base}/{count}/{me}", b"1")
-        try:
-            store.wait([go], timeout)
-        except DistTimeoutError:
-            raise DistTimeoutError(
-                f"monitored_barrier: rank {ranks[0]} did not release rank {me} within "
-                f"{timeout:g} s", collective="monitored_barrier", group=g,
-                missing=[ranks[0]]) from None
+        return
+    mine = ranks.index(me)
+    store.set(f"{base}/{count}/{me}", b"1")
+    head = (f"Rank {mine} successfully reached monitoredBarrier, but received errors "
+            "while waiting for send/recv from rank 0. Please check rank 0 logs for "
+            "faulty rank.")
+    wait = max(timeout, group_timeout)
+    try:
+        store.wait([go], wait)
+    except DistTimeoutError:
+        raise DistTimeoutError(
+            f"{head} (monitored_barrier: global rank {ranks[0]}, the group's first, did "
+            f"not release global rank {me} within {wait:g} s; {where})",
+            collective="monitored_barrier", group=g, missing=[ranks[0]]) from None
+    value = store.get(go)
+    if isinstance(value, str):
+        value = value.encode()
+    if value.startswith(b"failed:"):
+        failed = [ranks[int(r)] for r in value[7:].decode().split(",") if r]
+        raise DistTimeoutError(
+            f"{head} (monitored_barrier: global rank {ranks[0]}, the group's first, "
+            f"reported that global rank(s) {failed} did not reach the barrier in time; "
+            f"{where})", collective="monitored_barrier", group=g, missing=failed)

@@ -20,7 +20,7 @@ REF = {ReduceOp.SUM: np.add, ReduceOp.MAX: np.maximum, ReduceOp.MIN: np.minimum,
 
 
 async def all_reduce(sessions, arrays, op=ReduceOp.SUM, algorithm=None, group=None):
-    preps = [s.prepare_all_reduce(a, op, group, algorithm) for s, a in zip(sessions, arrays)]
+    preps = [s.plan.prepare_all_reduce(a, op, group, algorithm) for s, a in zip(sessions, arrays)]
     await asyncio.gather(*(s.execute(p) for s, p in zip(sessions, preps)))
 
 
@@ -75,7 +75,7 @@ async def test_all_reduce_avg_and_non_contiguous(job):
 async def test_broadcast_from_every_root(job, algorithm):
     for root in range(len(job)):
         arrays = [np.full(1001, r, np.float32) for r in range(len(job))]
-        preps = [s.prepare_broadcast(a, root, None, algorithm) for s, a in zip(job, arrays)]
+        preps = [s.plan.prepare_broadcast(a, root, None, algorithm) for s, a in zip(job, arrays)]
         await asyncio.gather(*(s.execute(p) for s, p in zip(job, preps)))
         for a in arrays:
             assert (a == root).all()
@@ -86,7 +86,7 @@ async def test_barrier_waits_for_everyone(job):
 
     async def enter(s: Session, delay: float):
         await asyncio.sleep(delay)
-        await s.execute(s.prepare_barrier(None))
+        await s.execute(s.plan.prepare_barrier(None))
         done.append((s.rank, asyncio.get_running_loop().time()))
 
     t0 = asyncio.get_running_loop().time()
@@ -98,7 +98,7 @@ async def test_barrier_waits_for_everyone(job):
 async def test_mismatched_dtype_raises_everywhere_and_leaves_arrays(job):
     arrays = [np.arange(10, dtype=np.float32 if s.rank != 1 else np.float64) for s in job]
     before = [a.copy() for a in arrays]
-    preps = [s.prepare_all_reduce(a, ReduceOp.SUM, None, "ring") for s, a in zip(job, arrays)]
+    preps = [s.plan.prepare_all_reduce(a, ReduceOp.SUM, None, "ring") for s, a in zip(job, arrays)]
     results = await asyncio.gather(*(s.execute(p) for s, p in zip(job, preps)),
                                    return_exceptions=True)
     for r in results:
@@ -112,8 +112,8 @@ async def test_mismatched_collective_kind(job):
     arrays = [np.ones(8, np.float32) for _ in job]
     preps = []
     for s, a in zip(job, arrays):
-        preps.append(s.prepare_broadcast(a, 0, None, None) if s.rank == 3
-                     else s.prepare_all_reduce(a, ReduceOp.SUM, None, None))
+        preps.append(s.plan.prepare_broadcast(a, 0, None, None) if s.rank == 3
+                     else s.plan.prepare_all_reduce(a, ReduceOp.SUM, None, None))
     results = await asyncio.gather(*(s.execute(p) for s, p in zip(job, preps)),
                                    return_exceptions=True)
     assert all(isinstance(r, minidist.CollectiveMismatchError) for r in results), results
@@ -122,16 +122,16 @@ async def test_mismatched_collective_kind(job):
 
 
 async def test_two_groups_concurrently_do_not_mix(job):
-    ga = [s.new_group([0, 1, 2, 3]) for s in job]
-    gb = [s.new_group([1, 3]) for s in job]
+    ga = [s.plan.new_group([0, 1, 2, 3]) for s in job]
+    gb = [s.plan.new_group([1, 3]) for s in job]
     xa = [np.full(5000, s.rank + 1, np.int64) for s in job]
     xb = [np.full(5000, 100 * (s.rank + 1), np.int64) for s in job]
     coros = []
     for s in job:
-        pa = s.prepare_all_reduce(xa[s.rank], ReduceOp.SUM, ga[s.rank], "ring")
+        pa = s.plan.prepare_all_reduce(xa[s.rank], ReduceOp.SUM, ga[s.rank], "ring")
         coros.append(s.execute(pa))
         if s.rank in (1, 3):
-            pb = s.prepare_all_reduce(xb[s.rank], ReduceOp.SUM, gb[s.rank], "ring")
+            pb = s.plan.prepare_all_reduce(xb[s.rank], ReduceOp.SUM, gb[s.rank], "ring")
             coros.append(s.execute(pb))
     await asyncio.gather(*coros)
     for s in job:
@@ -144,7 +144,7 @@ async def test_timeout_names_missing_ranks():
     sessions = await start_job(3, timeout=1.5)
     try:
         arrays = [np.ones(4) for _ in sessions]
-        preps = [s.prepare_all_reduce(a, ReduceOp.SUM, None, None)
+        preps = [s.plan.prepare_all_reduce(a, ReduceOp.SUM, None, None)
                  for s, a in zip(sessions[:2], arrays)]
         results = await asyncio.gather(*(s.execute(p) for s, p in zip(sessions, preps)),
                                        return_exceptions=True)
@@ -160,7 +160,7 @@ async def test_lost_peer_fails_every_waiting_rank():
     sessions = await start_job(4, timeout=30)
     try:
         arrays = [np.ones(100) for _ in sessions]
-        preps = [s.prepare_all_reduce(a, ReduceOp.SUM, None, "ring")
+        preps = [s.plan.prepare_all_reduce(a, ReduceOp.SUM, None, "ring")
                  for s, a in zip(sessions[:3], arrays)]
         tasks = [asyncio.ensure_future(s.execute(p)) for s, p in zip(sessions, preps)]
         await asyncio.sleep(0.2)
@@ -191,13 +191,13 @@ async def test_store(job):
 async def test_unmatched_receive_times_out_and_names_the_sender():
     sessions = await start_job(2, timeout=0.5)
     try:
-        p = sessions[0].prepare_recv(np.empty(4), 1, 3, None)
+        p = sessions[0].plan.prepare_recv(np.empty(4), 1, 3, None)
         with pytest.raises(minidist.DistTimeoutError, match="from rank 1 .tag 3."):
             await sessions[0].recv(p)
         # a later matching send is not confused with the abandoned receive
-        await sessions[1].send(sessions[1].prepare_send(np.arange(4.0), 0, 3, None))
+        await sessions[1].send(sessions[1].plan.prepare_send(np.arange(4.0), 0, 3, None))
         buf = np.empty(4)
-        await sessions[0].recv(sessions[0].prepare_recv(buf, 1, 3, None))
+        await sessions[0].recv(sessions[0].plan.prepare_recv(buf, 1, 3, None))
         assert (buf == np.arange(4.0)).all()
     finally:
         await stop_job(sessions)
@@ -228,7 +228,7 @@ async def test_shared_memory_all_reduce(n, count):
 
 async def test_large_all_reduce_on_one_node_picks_shared_memory(job):
     arrays = [np.ones(1 << 18, np.float32) for _ in job]
-    preps = [s.prepare_all_reduce(a, ReduceOp.SUM, None, None) for s, a in zip(job, arrays)]
+    preps = [s.plan.prepare_all_reduce(a, ReduceOp.SUM, None, None) for s, a in zip(job, arrays)]
     assert {p.call.algorithm_name for p in preps} == {"shared_memory"}
     await asyncio.gather(*(s.execute(p) for s, p in zip(job, preps)))
     assert all((a == len(job)).all() for a in arrays)
@@ -240,12 +240,12 @@ async def test_gather_and_scatter_agree_on_the_algorithm_at_every_size(job):
     for count in (1, 64 * 1024, 200_000):
         xs = [np.full(count, s.rank, np.float32) for s in job]
         outs = [np.empty(count * n, np.float32) if s.rank == 0 else None for s in job]
-        preps = [s.prepare_gather(x, o, 0, None, None) for s, x, o in zip(job, xs, outs)]
+        preps = [s.plan.prepare_gather(x, o, 0, None, None) for s, x, o in zip(job, xs, outs)]
         assert len({p.call.algorithm_name for p in preps}) == 1
         await asyncio.gather(*(s.execute(p) for s, p in zip(job, preps)))
         np.testing.assert_array_equal(outs[0], np.repeat(np.arange(n, dtype=np.float32), count))
         ys = [np.empty(count, np.float32) for _ in job]
-        preps = [s.prepare_scatter(y, outs[0] if s.rank == 0 else None, 0, None, None)
+        preps = [s.plan.prepare_scatter(y, outs[0] if s.rank == 0 else None, 0, None, None)
                  for s, y in zip(job, ys)]
         assert len({p.call.algorithm_name for p in preps}) == 1
         await asyncio.gather(*(s.execute(p) for s, p in zip(job, preps)))
@@ -254,9 +254,9 @@ async def test_gather_and_scatter_agree_on_the_algorithm_at_every_size(job):
 
 
 async def test_shared_memory_refused_where_it_cannot_work(job, monkeypatch):
-    job[0].shm_enabled = False
+    job[0].plan.shm_enabled = False
     with pytest.raises(ValueError, match="shared_memory"):
-        job[0].prepare_all_reduce(np.ones(4), ReduceOp.SUM, None, "shared_memory")
+        job[0].plan.prepare_all_reduce(np.ones(4), ReduceOp.SUM, None, "shared_memory")
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -266,7 +266,8 @@ async def test_large_broadcast_goes_through_shared_memory(n):
         count = 3_000_000  # several chunks
         for root in (0, n - 1):
             arrays = [np.full(count, s.rank, np.float32) for s in sessions]
-            preps = [s.prepare_broadcast(a, root, None, None) for s, a in zip(sessions, arrays)]
+            preps = [s.plan.prepare_broadcast(a, root, None, None)
+                     for s, a in zip(sessions, arrays)]
             assert {p.call.algorithm_name for p in preps} == {"shared_memory"}
             await asyncio.gather(*(s.execute(p) for s, p in zip(sessions, preps)))
             assert all((a == root).all() for a in arrays)
@@ -289,7 +290,7 @@ async def test_large_messages(algorithm):
             np.testing.assert_array_equal(a, want)
         assert len({a.tobytes() for a in arrays}) == 1
         outs = [np.empty(count * n, np.float32) for _ in sessions]
-        preps = [s.prepare_all_gather(o, x, None, "ring")
+        preps = [s.plan.prepare_all_gather(o, x, None, "ring")
                  for s, o, x in zip(sessions, outs, inputs)]
         await asyncio.gather(*(s.execute(p) for s, p in zip(sessions, preps)))
         for o in outs:

@@ -50,7 +50,7 @@ async def test_a_rank_that_leaves_is_reported_to_a_rank_waiting_on_it():
     sessions = await start_job(3, timeout=JOB_TIMEOUT)
     try:
         waiting = asyncio.ensure_future(sessions[2].recv(
-            sessions[2].prepare_recv(np.empty(4), 1, 0, None)))
+            sessions[2].plan.prepare_recv(np.empty(4), 1, 0, None)))
         await asyncio.sleep(0.1)
         await sessions[1].close(graceful=True)  # destroy(): a normal departure
         err, took = await elapsed(waiting, 10)
@@ -60,12 +60,12 @@ async def test_a_rank_that_leaves_is_reported_to_a_rank_waiting_on_it():
         # a departure is not an error for ranks that do not wait on it
         buf = np.zeros(3)
         await asyncio.gather(
-            sessions[0].send(sessions[0].prepare_send(np.arange(3.0), 2, 5, None)),
-            sessions[2].recv(sessions[2].prepare_recv(buf, 0, 5, None)))
+            sessions[0].send(sessions[0].plan.prepare_send(np.arange(3.0), 2, 5, None)),
+            sessions[2].recv(sessions[2].plan.prepare_recv(buf, 0, 5, None)))
         assert (buf == np.arange(3.0)).all()
         # and nobody connects to a departed rank again
         with pytest.raises(minidist.PeerLostError, match="left"):
-            await sessions[0].send(sessions[0].prepare_send(np.ones(2), 1, 0, None))
+            await sessions[0].send(sessions[0].plan.prepare_send(np.ones(2), 1, 0, None))
     finally:
         await stop_job([sessions[0], sessions[2]])
 
@@ -73,14 +73,14 @@ async def test_a_rank_that_leaves_is_reported_to_a_rank_waiting_on_it():
 async def test_what_a_departed_rank_sent_before_leaving_is_still_received():
     sessions = await start_job(2, timeout=JOB_TIMEOUT)
     try:
-        await sessions[1].send(sessions[1].prepare_send(np.arange(5.0), 0, 0, None))
+        await sessions[1].send(sessions[1].plan.prepare_send(np.arange(5.0), 0, 0, None))
         await sessions[1].close(graceful=True)
         await asyncio.sleep(0.3)  # the departure is known by now
         buf = np.zeros(5)
-        await sessions[0].recv(sessions[0].prepare_recv(buf, 1, 0, None))
+        await sessions[0].recv(sessions[0].plan.prepare_recv(buf, 1, 0, None))
         assert (buf == np.arange(5.0)).all()
         with pytest.raises(minidist.PeerLostError):
-            await sessions[0].recv(sessions[0].prepare_recv(buf, 1, 0, None))
+            await sessions[0].recv(sessions[0].plan.prepare_recv(buf, 1, 0, None))
     finally:
         await stop_job(sessions[:1])
 
@@ -89,25 +89,25 @@ async def test_after_a_timeout_every_later_call_on_the_group_raises_at_once():
     sessions = await start_job(3, timeout=1.0)
     try:
         arrays = [np.ones(4) for _ in sessions]
-        preps = [s.prepare_all_reduce(a, ReduceOp.SUM, None, None)
+        preps = [s.plan.prepare_all_reduce(a, ReduceOp.SUM, None, None)
                  for s, a in zip(sessions[:2], arrays)]
         results = await asyncio.gather(*(s.execute(p) for s, p in zip(sessions, preps)),
                                        return_exceptions=True)
         assert all(isinstance(r, minidist.DistTimeoutError) for r in results), results
         # the late rank arrives: its call fails at once, as does every later call
         late, took = await elapsed(sessions[2].execute(
-            sessions[2].prepare_all_reduce(arrays[2], ReduceOp.SUM, None, None)), 5)
+            sessions[2].plan.prepare_all_reduce(arrays[2], ReduceOp.SUM, None, None)), 5)
         assert isinstance(late, minidist.DistTimeoutError), late
         assert took < 0.9
         for s, a in zip(sessions, arrays):
-            err, took = await elapsed(s.execute(s.prepare_all_reduce(a, ReduceOp.SUM, None,
+            err, took = await elapsed(s.execute(s.plan.prepare_all_reduce(a, ReduceOp.SUM, None,
                                                                      None)), 5)
             assert isinstance(err, minidist.DistTimeoutError) and took < 0.5, (err, took)
             assert "unusable" in str(err) and "timed out" in str(err)
         # other groups are not affected
-        g = [s.new_group([0, 1, 2]) for s in sessions]
+        g = [s.plan.new_group([0, 1, 2]) for s in sessions]
         xs = [np.full(3, s.rank, np.int64) for s in sessions]
-        await asyncio.gather(*(s.execute(s.prepare_all_reduce(x, ReduceOp.SUM, gg, None))
+        await asyncio.gather(*(s.execute(s.plan.prepare_all_reduce(x, ReduceOp.SUM, gg, None))
                                for s, x, gg in zip(sessions, xs, g)))
         assert all((x == 3).all() for x in xs)
     finally:
@@ -124,14 +124,14 @@ async def test_a_root_disagreement_with_no_receiver_raises_on_the_next_call(kind
         for s in sessions:
             x = np.arange(4, dtype=np.float32)
             if kind == "broadcast":
-                preps.append(s.prepare_broadcast(x, s.rank, None, None))
+                preps.append(s.plan.prepare_broadcast(x, s.rank, None, None))
             else:
-                preps.append(s.prepare_scatter(np.empty(2, np.float32), x, s.rank, None, None))
+                preps.append(s.plan.prepare_scatter(np.empty(2, np.float32), x, s.rank, None, None))
         await asyncio.gather(*(s.execute(p) for s, p in zip(sessions, preps)),
                              return_exceptions=True)
         await asyncio.sleep(0.2)
         for s in sessions:
-            err, _ = await elapsed(s.execute(s.prepare_barrier(None)), 5)
+            err, _ = await elapsed(s.execute(s.plan.prepare_barrier(None)), 5)
             assert isinstance(err, minidist.CollectiveMismatchError), err
             assert "root=0" in str(err) and "root=1" in str(err)
             assert "algorithm#" not in str(err)
@@ -143,12 +143,12 @@ async def test_a_read_only_array_can_be_the_broadcast_source(job):
     src = np.arange(10.0)
     src.flags.writeable = False
     outs = [src if s.rank == 1 else np.zeros(10) for s in job]
-    await asyncio.gather(*(s.execute(s.prepare_broadcast(o, 1, None, None))
+    await asyncio.gather(*(s.execute(s.plan.prepare_broadcast(o, 1, None, None))
                            for s, o in zip(job, outs)))
     for o in outs:
         assert (o == np.arange(10.0)).all()
     with pytest.raises(ValueError, match="read-only"):  # a receiver still needs to write
-        job[0].prepare_broadcast(src, 1, None, None)
+        job[0].plan.prepare_broadcast(src, 1, None, None)
 
 
 async def test_an_empty_mismatched_frame_is_dropped_without_error():

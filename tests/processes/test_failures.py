@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from minidist import shm
+from minidist import segments
 
 from .harness import SCRIPTS, Job
 
@@ -58,15 +58,15 @@ def test_a_rank_that_dies_before_init_is_named_at_once(tmp_path):
 def test_orphaned_segment_names_are_swept_and_live_ones_kept():
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
-    names = {"dead": shm.segment_name("0" * 20, 5, int(dead)),
-             "alive": shm.segment_name("0" * 20, 6, os.getpid())}
+    names = {"dead": segments.segment_name("0" * 20, 5, int(dead)),
+             "alive": segments.segment_name("0" * 20, 6, os.getpid())}
     for name in names.values():
-        shm.create(name, 4096).close()
+        segments.create(name, 4096).close()
     try:
-        removed = shm.sweep_orphans("0" * 20)
+        removed = segments.sweep_orphans("0" * 20)
         assert removed == [names["dead"]]
-        assert os.path.exists(os.path.join(shm.SHM_DIR, names["alive"]))
+        assert os.path.exists(os.path.join(segments.SHM_DIR, names["alive"]))
     finally:
         for name in names.values():
-            shm.unlink(name)
+            segments.unlink(name)
 

@@ -146,6 +146,28 @@ def test_asyncio_api_inside_a_running_loop():
     assert job.out.count("AIO OK") == 3 and "ticks>0=False" not in job.out
 
 
+def test_every_public_function_through_minidist_aio():
+    with Job(4, SCRIPTS / "aio_every_call.py") as job:
+        rc = job.wait(90)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    assert job.out.count("AIO EVERY CALL OK") == 4
+
+
+def test_minidist_aio_names_match_minidist():
+    import inspect
+
+    import minidist
+    import minidist.aio as aio
+
+    for name in minidist.__all__:
+        fn = getattr(minidist, name)
+        if not inspect.isfunction(fn):
+            continue
+        assert hasattr(aio, name), f"minidist.aio lacks {name}"
+        want = list(inspect.signature(fn).parameters)
+        assert list(inspect.signature(getattr(aio, name)).parameters) == want, name
+
+
 def test_a_taken_port_is_one_clear_line():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

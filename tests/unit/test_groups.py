@@ -5,16 +5,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minidist.env import LaunchConfig
 from minidist.group import NON_GROUP_MEMBER
-from minidist.session import Session, _members
+from minidist.plan import Planner, _members
 
 
-def _session(rank: int, nodes: list[int]) -> Session:
-    cfg = LaunchConfig(rank, len(nodes), 0, 1, "127.0.0.1", 0, b"s", False, "explicit")
-    s = Session(cfg, timeout=1.0)
-    s.nodes = list(nodes)
-    s._one_node = max(nodes) == 0
+def _session(rank: int, nodes: list[int]) -> Planner:
+    """The pure planning layer of one rank: no socket, no loop."""
+    s = Planner(rank, len(nodes), lambda g: 0, lambda g, p, t, sending: 0, False, None, {})
+    s.set_nodes(nodes)
     return s
 
 

@@ -16,7 +16,7 @@ if rank == 0:
     released = threading.Event()
     outcome = []
     # hold the loop thread until the sends below have returned (or 20 s pass)
-    api._runtime.loop.call_soon_threadsafe(lambda: outcome.append(released.wait(20)))
+    api.door().runtime.loop.call_soon_threadsafe(lambda: outcome.append(released.wait(20)))
     for i in range(50):
         minidist.send(np.full(8, float(i)), 1, tag=7)
     minidist.send_object(("done", list(range(100))), 1, tag=8)

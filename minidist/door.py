@@ -1,0 +1,201 @@
+"""The door: the one way every front end starts a call.
+
+A front end plans a call with ``door.plan`` (pure: argument checks, numbering, the
+algorithm) and passes the planned call through the door, which starts it and finishes
+it on the session's event loop. The thread boundary is drawn here and nowhere else:
+
+* on the caller's thread, in call order: planning, then the fast path — the call's first
+  small frames (or a whole small message) written straight to peers already connected
+  over a Unix socket, so they need not wait for the loop to wake up;
+* on the loop: everything else (:meth:`Session.execute`, :meth:`Session.send`,
+  :meth:`Session.recv`).
+
+The blocking API (:mod:`minidist.api`) and layers built on it (:mod:`minidist.torch`)
+hold a door with a :class:`~minidist.runtime.Runtime` (a loop in a background thread)
+and use :meth:`Door.wait` / :meth:`Door.submit`; :mod:`minidist.aio` holds one on its
+own running loop and awaits :meth:`Door.run`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Coroutine
+from typing import Any
+
+from .errors import DistError, DistTimeoutError
+from .group import NON_GROUP_MEMBER, Group
+from .plan import P2P, Planner, Prepared
+from .runtime import Runtime
+from .session import Session
+
+Planned = Prepared | P2P
+
+
+class Door:
+    """One rank's way in. ``runtime`` is the loop thread for callers on other threads;
+    None when the callers run on the session's own loop (:mod:`minidist.aio`)."""
+
+    def __init__(self, session: Session, runtime: Runtime | None) -> None:
+        self._session = session
+        self.runtime = runtime
+        self.plan: Planner = session.plan
+
+    # ------------------------------------------------------------------ who we are
+
+    @property
+    def rank(self) -> int:
+        return self._session.rank
+
+    @property
+    def world(self) -> Group:
+        return self._session.world
+
+    @property
+    def job(self) -> str:
+        """The job's public key: it names the job's Unix sockets and shared memory."""
+        return self._session.job
+
+    @property
+    def timeout(self) -> float:
+        """The job's timeout: what bounds a call on a group without its own."""
+        return self._session.timeout
+
+    def timeout_of(self, group: Group | None) -> float:
+        """What bounds one call on ``group`` (None: the world)."""
+        return self._session.timeout_of(self.world if group is None else group)
+
+    @property
+    def local_rank(self) -> int:
+        return self._session.cfg.local_rank
+
+    @property
+    def local_world_size(self) -> int:
+        return self._session.cfg.local_world_size
+
+    @property
+    def node_rank(self) -> int:
+        return self._session.nodes[self.rank]
+
+    def rank_in(self, group: Group | object | None) -> int:
+        """This rank's rank in ``group`` (None: the world); -1 if not a member."""
+        if group is NON_GROUP_MEMBER:
+            return -1
+        return (group or self.world).rank_of(self.rank)
+
+    def size_of(self, group: Group | object | None) -> int:
+        """The number of ranks in ``group`` (None: the world); -1 for a non-member."""
+        if group is NON_GROUP_MEMBER:
+            return -1
+        return (group or self.world).size
+
+    def new_subgroups(self, group_size: int | None, group: Group | object | None,
+                      timeout: float | None) -> tuple[Group | object, list[Group | object]]:
+        """See :func:`minidist.new_subgroups`."""
+        parent = self.world if group is None else self.plan.group(group, "new_subgroups")
+        if group_size is None:
+            group_size = self.local_world_size
+        if not isinstance(group_size, int) or group_size <= 0:
+            raise ValueError(f"new_subgroups: group_size must be a positive int, not "
+                             f"{group_size!r}")
+        if parent.size % group_size:
+            raise ValueError(f"new_subgroups: the group size {parent.size} does not divide "
+                             f"by group_size={group_size}")
+        subgroups, mine = [], NON_GROUP_MEMBER
+        for start in range(0, parent.size, group_size):
+            g = self.plan.new_group(list(parent.ranks[start:start + group_size]), timeout)
+            subgroups.append(g)
+            if g is not NON_GROUP_MEMBER:
+                mine = g
+        return mine, subgroups
+
+    def group_of(self, group: Group | object | None) -> Group:
+        """``group`` as a Group (None: the world); ValueError for a non-member marker."""
+        if group is None:
+            return self.world
+        if group is NON_GROUP_MEMBER:
+            raise ValueError("this rank is not a member of the group (NON_GROUP_MEMBER)")
+        if not isinstance(group, Group):
+            raise TypeError(f"expected a minidist group or None, not {type(group).__name__}")
+        return group
+
+    # ------------------------------------------------------------------ calls
+
+    def _start(self, item: Planned) -> bool:
+        """The caller's-thread part; True if that already finished the call (a small
+        message written whole)."""
+        s, loop = self._session, self.runtime.loop if self.runtime else None
+        if isinstance(item, Prepared):
+            if loop is not None and item.call is not None and not item.schedule.shared_tmp:
+                item.sent = s.engine.send_first(item.call, item.schedule, item.bufs, loop)
+            return False
+        return item.sending and loop is not None and s.engine.send_p2p_now(item, loop)
+
+    def _finish(self, item: Planned) -> Coroutine[Any, Any, Any]:
+        """The loop's part."""
+        s = self._session
+        if isinstance(item, Prepared):
+            return s.execute(item)
+        return s.send(item) if item.sending else s.recv(item)
+
+    def wait(self, item: Planned) -> Any:
+        """Start ``item`` and block until it is done (a received object's bytes, else
+        None); its DistError raises here."""
+        if self._start(item):
+            return None
+        return self._blocking().call(self._finish(item))
+
+    def submit(self, item: Planned) -> concurrent.futures.Future:
+        """Start ``item``; the future completes with it (a Work's handle)."""
+        runtime = self._blocking()
+        if self._start(item):
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            done.set_result(None)
+            return done
+        return runtime.submit(self._finish(item))
+
+    async def run(self, item: Planned) -> Any:
+        """Start ``item`` and await it, on the session's own loop."""
+        if self.runtime is not None:
+            raise DistError("this process uses the blocking minidist API (minidist.init); "
+                            "minidist.aio calls need minidist.aio.init() instead")
+        self._start(item)
+        return await self._finish(item)
+
+    async def on_loop(self, item: Planned) -> Any:
+        """Run ``item`` from code already on the loop (a call made of calls, such as an
+        object collective): no caller's-thread fast path."""
+        return await self._finish(item)
+
+    def block(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run a coroutine on the loop from a blocking caller and wait for it."""
+        return self._blocking().call(coro)
+
+    def _blocking(self) -> Runtime:
+        if self.runtime is None:
+            raise DistError("this process uses minidist.aio (initialized on its event loop); "
+                            "await minidist.aio's functions instead of the blocking API")
+        return self.runtime
+
+    # ------------------------------------------------------------------ the store
+
+    async def store_request(self, body: dict[str, Any], blob: bytes = b"",
+                            timeout: float | None = None) -> tuple[dict[str, Any], bytes]:
+        """One key/value request, on the loop (see :class:`minidist.api.Store`): (the
+        reply's fields, the value). DistTimeoutError when a wait passes ``timeout``."""
+        s = self._session
+        timeout = s.timeout if timeout is None else timeout
+        body = {**body, "timeout": timeout}
+        if s.local_store is None:  # the rendezvous serves it
+            reply = await s.client.request(body, blob, timeout + 5)
+            return reply.body, reply.blob
+        try:  # a world of one: this process's own store
+            return await s.local_store.serve(body, blob)
+        except TimeoutError:
+            raise DistTimeoutError(f"store: keys not set within {timeout:g} s") from None
+
+    # ------------------------------------------------------------------ leaving
+
+    async def close(self, graceful: bool = True) -> None:
+        """Leave the job (on the loop)."""
+        await self._session.close(graceful=graceful)
+

@@ -1,0 +1,459 @@
+"""Planning a call: argument checks, numbering, algorithm choice, the plan cache.
+
+Pure: no socket, no event loop. A :class:`Planner` runs on the caller's thread, in call
+order; what it returns (a :class:`Prepared` collective or a :class:`P2P` message) is
+what the door starts and the session executes. Everything a bad argument can break is
+checked here, before anything is numbered or sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import algorithms, ops, wire
+from .algorithms import cost
+from .algorithms import shm as shm_algorithm
+from .algorithms.schedule import Schedule
+from .errors import NotInGroupError
+from .group import NON_GROUP_MEMBER, WORLD_ID, Group, group_id
+from .ops import ReduceOp
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """What one collective call looks like on this rank; frames carry it so that ranks
+    that called different things find out from the first frame."""
+
+    kind: wire.Kind
+    group: Group
+    seq: int
+    dtype: int
+    op: int
+    algorithm: int
+    algorithm_name: str
+    root: int  # global rank, -1 if none
+    count: int
+    shape: int
+
+    @property
+    def name(self) -> str:
+        return self.kind.name.lower()
+
+    def describe(self, h: wire.Header | None = None) -> str:
+        """The call as a user would write it (or as the frame ``h`` says its sender did)."""
+        if h is None:
+            kind, dtype, op, root, count, algo = (self.kind, self.dtype, self.op, self.root,
+                                                  self.count, self.algorithm)
+        else:
+            kind, dtype, op, root, count, algo = h.kind, h.dtype, h.op, h.root, h.count, \
+                h.algorithm
+        try:
+            dt = str(ops.dtype_from_code(dtype))
+        except ValueError:
+            dt = f"code {dtype}"
+        name = wire.Kind(kind).name.lower()
+        parts = [f"count={count}", f"dtype={dt}"]
+        if kind in (wire.Kind.ALL_REDUCE, wire.Kind.REDUCE, wire.Kind.REDUCE_SCATTER):
+            parts.append(f"op={ReduceOp(op).name}")
+        if root >= 0:
+            parts.append(f"root={root}")
+        names = algorithms.ALGORITHMS.get(name, ())
+        if kind != wire.Kind.P2P:
+            parts.append(f"algorithm={names[algo]!r}" if algo < len(names)
+                         else "an unknown algorithm")
+        return f"{name}({', '.join(parts)})"
+
+
+@dataclass(eq=False)
+class Prepared:
+    """A validated call, numbered and scheduled, ready to execute."""
+
+    call: Call | None  # None: nothing to communicate (a group of one)
+    schedule: Schedule | None
+    bufs: dict[str, np.ndarray]
+    op: ReduceOp
+    user: np.ndarray | None = None  # the caller's array when ``bufs`` hold a copy
+    finish: bool = False
+    sent: frozenset[int] = frozenset()  # first-step sends done from the caller's thread
+
+
+P2P_TAG_LIMIT = 1 << 31  # tags from 2**31 up are minidist's own
+SHM_TAG = P2P_TAG_LIMIT + 1  # setting up a group's shared-memory segment
+SHM_BROADCAST_MIN_BYTES = 256 * 1024
+PLAN_CACHE = 4096  # calls whose algorithm and schedule a session remembers
+
+
+@dataclass(eq=False)
+class P2P:
+    """A prepared point-to-point message: to or from ``peer`` (a global rank)."""
+
+    group: Group
+    peer: int
+    tag: int
+    seq: int
+    flat: np.ndarray | None  # None: an object of any size
+    shape: int
+    is_object: bool
+    user: np.ndarray | None = None  # the caller's array when ``flat`` is a copy
+    sending: bool = False
+
+
+class Planner:
+    """Plans the calls of one rank. ``number(group)`` and ``number_p2p(group, peer, tag,
+    sending)`` hand out call numbers (the engine's counters); ``costs`` is the cost
+    model's calibration; ``shm_enabled`` whether shared memory may be used; ``forced``
+    the per-job algorithm overrides (collective -> name)."""
+
+    def __init__(self, rank: int, world_size: int,
+                 number: Callable[[Group], int],
+                 number_p2p: Callable[[Group, int, int, bool], int],
+                 shm_enabled: bool, costs: object, forced: dict[str, str]) -> None:
+        self.rank = rank
+        self.world = Group(WORLD_ID, tuple(range(world_size)), "world")
+        self.nodes: list[int] = [0] * world_size
+        self._one_node = True
+        self._number = number
+        self._number_p2p = number_p2p
+        self.shm_enabled = shm_enabled
+        self.costs = costs
+        self._forced = forced
+        self._group_counts: dict[tuple[int, ...], int] = {}
+        self._plans: dict[tuple, tuple] = {}
+        self._layouts: dict[int, tuple[int, ...]] = {}
+
+    def set_nodes(self, nodes: list[int]) -> None:
+        """The node index of every rank (from the rendezvous' welcome)."""
+        self.nodes = list(nodes)
+        self._one_node = max(self.nodes) == 0
+        self._layouts.clear()
+
+    # ------------------------------------------------------------------ groups
+
+    def new_group(self, ranks: list[int] | None = None,
+                  timeout: float | None = None) -> Group | object:
+        """See :func:`minidist.new_group`."""
+        timeout = _timeout(timeout)
+        members = _members(ranks, self.world.size)
+        ordinal = self._group_counts.get(members, 0)
+        self._group_counts[members] = ordinal + 1
+        if self.rank not in members:
+            return NON_GROUP_MEMBER
+        return Group(group_id(members, ordinal), members, timeout=timeout)
+
+    def group(self, group: Group | object | None, what: str) -> Group:
+        """The group a call runs on; NotInGroupError if this rank is not a member."""
+        if group is None:
+            return self.world
+        if group is NON_GROUP_MEMBER:
+            raise NotInGroupError(f"{what}: rank {self.rank} is not a member of this group")
+        if not isinstance(group, Group):
+            raise TypeError(f"{what}: group must be a minidist group or None, "
+                            f"not {type(group).__name__}")
+        if self.rank not in group:
+            raise NotInGroupError(f"{what}: rank {self.rank} is not in {group!r}")
+        return group
+
+    # ------------------------------------------------------------------ preparing calls
+
+    def prepare_all_reduce(self, array: np.ndarray, op: ReduceOp, group: object,
+                           algorithm: str | None) -> Prepared:
+        g = self.group(group, "all_reduce")
+        user, flat = _flat(array, "all_reduce")
+        op = ops.as_op(op)
+        ops.check_op(op, flat.dtype)
+        return self._prepare(wire.Kind.ALL_REDUCE, g, user, flat, op, -1, algorithm, True)
+
+    def prepare_broadcast(self, array: np.ndarray, src: int, group: object,
+                          algorithm: str | None) -> Prepared:
+        g = self.group(group, "broadcast")
+        if src not in g:
+            raise ValueError(f"broadcast: src {src} is not a member of {g!r}")
+        if self.rank == src and isinstance(array, np.ndarray) and not array.flags.writeable:
+            # the source is only read: a private copy lets the schedule use it as a buffer
+            user, flat = None, np.array(array, copy=True).reshape(-1)
+            ops.dtype_code(flat.dtype)
+            return self._prepare(wire.Kind.BROADCAST, g, array, flat, ReduceOp.SUM, src,
+                                 algorithm, False, copy_back=False)
+        user, flat = _flat(array, "broadcast")
+        return self._prepare(wire.Kind.BROADCAST, g, user, flat, ReduceOp.SUM, src, algorithm,
+                             False)
+
+    def prepare_barrier(self, group: object) -> Prepared:
+        g = self.group(group, "barrier")
+        flat = np.empty(0, np.uint8)
+        return self._prepare(wire.Kind.BARRIER, g, flat, flat, ReduceOp.SUM, -1, None, False)
+
+    def prepare_reduce(self, array: np.ndarray, dst: int, op: ReduceOp, group: object,
+                       algorithm: str | None) -> Prepared:
+        g = self.group(group, "reduce")
+        _member(g, dst, "reduce", "dst")
+        user, flat = _flat(array, "reduce")
+        op = ops.as_op(op)
+        ops.check_op(op, flat.dtype)
+        return self._prepare(wire.Kind.REDUCE, g, user, flat, op, dst, algorithm,
+                             finish=self.rank == dst)
+
+    def prepare_all_gather(self, output: np.ndarray, input: np.ndarray, group: object,
+                           algorithm: str | None) -> Prepared:
+        g = self.group(group, "all_gather")
+        out_user, out = _flat(output, "all_gather (output)")
+        inp = _flat_in(input, "all_gather (input)", out.dtype)
+        _sizes("all_gather", out.size, inp.size * g.size, "output", "input x group size")
+        return self._prepare(wire.Kind.ALL_GATHER, g, out_user, out, ReduceOp.SUM, -1,
+                             algorithm, False, inp=inp, count=inp.size,
+                             shape=np.shape(input))
+
+    def prepare_reduce_scatter(self, output: np.ndarray, input: np.ndarray, op: ReduceOp,
+                               group: object, algorithm: str | None) -> Prepared:
+        g = self.group(group, "reduce_scatter")
+        out_user, out = _flat(output, "reduce_scatter (output)")
+        inp = _flat_in(input, "reduce_scatter (input)", out.dtype)
+        _sizes("reduce_scatter", inp.size, out.size * g.size, "input", "output x group size")
+        op = ops.as_op(op)
+        ops.check_op(op, out.dtype)
+        return self._prepare(wire.Kind.REDUCE_SCATTER, g, out_user, out, op, -1, algorithm,
+                             True, inp=inp, count=out.size)
+
+    def prepare_gather(self, input: np.ndarray, output: np.ndarray | None, dst: int,
+                       group: object, algorithm: str | None) -> Prepared:
+        g = self.group(group, "gather")
+        _member(g, dst, "gather", "dst")
+        inp = _flat_in(input, "gather (input)", None)
+        if self.rank == dst:
+            if output is None:
+                raise ValueError("gather: the dst rank must pass an output array")
+            out_user, out = _flat(output, "gather (output)")
+            _dtypes("gather", out.dtype, inp.dtype)
+            _sizes("gather", out.size, inp.size * g.size, "output", "input x group size")
+        else:
+            out_user = out = np.empty(0, inp.dtype)
+        return self._prepare(wire.Kind.GATHER, g, out_user, out, ReduceOp.SUM, dst,
+                             algorithm, False, inp=inp, count=inp.size,
+                             shape=np.shape(input))
+
+    def prepare_scatter(self, output: np.ndarray, input: np.ndarray | None, src: int,
+                        group: object, algorithm: str | None) -> Prepared:
+        g = self.group(group, "scatter")
+        _member(g, src, "scatter", "src")
+        out_user, out = _flat(output, "scatter (output)")
+        if self.rank == src:
+            if input is None:
+                raise ValueError("scatter: the src rank must pass an input array")
+            inp = _flat_in(input, "scatter (input)", out.dtype)
+            _sizes("scatter", inp.size, out.size * g.size, "input", "output x group size")
+        else:
+            inp = np.empty(0, out.dtype)
+        return self._prepare(wire.Kind.SCATTER, g, out_user, out, ReduceOp.SUM, src,
+                             algorithm, False, inp=inp, count=out.size)
+
+    def prepare_all_to_all(self, output: np.ndarray, input: np.ndarray, group: object,
+                           algorithm: str | None) -> Prepared:
+        g = self.group(group, "all_to_all")
+        out_user, out = _flat(output, "all_to_all (output)")
+        inp = _flat_in(input, "all_to_all (input)", out.dtype)
+        _sizes("all_to_all", out.size, inp.size, "output", "input")
+        if inp.size % g.size:
+            raise ValueError(f"all_to_all: {inp.size} elements do not split into "
+                             f"{g.size} equal blocks")
+        return self._prepare(wire.Kind.ALL_TO_ALL, g, out_user, out, ReduceOp.SUM, -1,
+                             algorithm, False, inp=inp, count=inp.size // g.size,
+                             shape=np.shape(input))
+
+    def _prepare(self, kind: wire.Kind, g: Group, user: np.ndarray, flat: np.ndarray,
+                 op: ReduceOp, root: int, algorithm: str | None, finish: bool,
+                 inp: np.ndarray | None = None, count: int | None = None,
+                 shape: tuple[int, ...] | None = None, copy_back: bool = True) -> Prepared:
+        copied = user if copy_back and not user.flags.c_contiguous else None
+        count = flat.size if count is None else count
+        bufs = {"out": flat, "in": flat if inp is None else inp}
+        if g.size == 1:
+            if inp is not None and flat.size:
+                np.copyto(flat, inp)
+            return Prepared(None, None, bufs, op, copied, finish)
+        shape = user.shape if shape is None else shape
+        key = (kind, g.id, flat.dtype, count, bufs["in"].size, shape, root, algorithm)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plan(kind, g, flat, bufs["in"], count, shape, root, algorithm)
+            if len(self._plans) > PLAN_CACHE:
+                self._plans.clear()
+            self._plans[key] = plan
+        name, index, digest, sched, code = plan
+        call = Call(kind, g, self._number(g), code, int(op), index, name, root, count,
+                    digest)
+        return Prepared(call, sched, bufs, op, copied, finish)
+
+    def _plan(self, kind: wire.Kind, g: Group, flat: np.ndarray, inp: np.ndarray,
+              count: int, shape: tuple[int, ...], root: int, algorithm: str | None):
+        """(algorithm, its wire index, shape digest, schedule, dtype code) of a call."""
+        collective = kind.name.lower()
+        # the same on every rank: the whole vector (for gather and scatter, the root's)
+        nbytes = count * flat.itemsize * (1 if collective in algorithms.IN_PLACE else g.size)
+        layout = self._layout(g)
+        forced = algorithm or self._forced.get(collective)
+        if forced == "shared_memory" and (len(set(layout)) > 1 or not self.shm_enabled):
+            raise ValueError(f"{collective}: algorithm 'shared_memory' needs a group on one "
+                             "node and shared memory enabled (MINIDIST_SHM is not 0)")
+        if (kind == wire.Kind.BROADCAST and forced is None and self.shm_enabled
+                and len(set(layout)) == 1 and nbytes >= SHM_BROADCAST_MIN_BYTES):
+            forced = "shared_memory"  # one node, a large vector: one copy in, one out
+        if kind == wire.Kind.ALL_REDUCE and forced is None:
+            if len(set(layout)) == g.size > 1:
+                pass  # one rank per node: nothing to do inside nodes, a flat algorithm
+            elif len(set(layout)) > 1:
+                forced = "hierarchical"  # the group spans nodes: reduce inside each first
+            else:  # one node: the cost model picks
+                chunk = shm_algorithm.chunk_elements(g.size, flat.itemsize) * flat.itemsize
+                forced = cost.choose(g.size, nbytes, self.costs, chunk,
+                                     cost.CANDIDATES if self.shm_enabled
+                                     else cost.CANDIDATES[:-1])
+        name = choose_algorithm(collective, g.size, nbytes, count, forced)
+        sched = algorithms.make_schedule(collective, name, g.rank_of(self.rank), g.size,
+                                         count, g.rank_of(root) if root >= 0 else 0,
+                                         nodes=layout, itemsize=flat.itemsize)
+        return (name, algorithms.ALGORITHMS[collective].index(name), wire.shape_digest(shape),
+                sched, ops.dtype_code(flat.dtype))
+
+    def prepare_send(self, array: np.ndarray | bytes, dst: int, tag: int, group: object,
+                     is_object: bool = False, internal: bool = False) -> P2P:
+        """A message to global rank ``dst``. ``internal`` tags (2**31 and up) belong to
+        layers built on minidist (the torch adapter), never to users."""
+        g = self.group(group, "send")
+        peer = self._peer(g, dst, "send", "dst")
+        if is_object:
+            flat, shape = np.frombuffer(array, np.uint8), (len(array),)
+        else:
+            flat = _flat_in(array, "send", None)
+            shape = np.shape(array)
+        tag = _tag(tag, internal)
+        return P2P(g, peer, tag, self._number_p2p(g, peer, tag, True), flat,
+                   wire.shape_digest(shape), is_object, sending=True)
+
+    def prepare_recv(self, array: np.ndarray | None, src: int, tag: int, group: object,
+                     internal: bool = False) -> P2P:
+        """A receive from global rank ``src`` into ``array`` (None: an object)."""
+        g = self.group(group, "recv")
+        peer = self._peer(g, src, "recv", "src")
+        tag = _tag(tag, internal)
+        if array is None:  # an object: any size
+            return P2P(g, peer, tag, self._number_p2p(g, peer, tag, False), None, 0,
+                       True)
+        user, flat = _flat(array, "recv")
+        return P2P(g, peer, tag, self._number_p2p(g, peer, tag, False), flat,
+                   wire.shape_digest(user.shape), False,
+                   user if not user.flags.c_contiguous else None)
+
+    def _peer(self, g: Group, rank: int, what: str, name: str) -> int:
+        _member(g, rank, what, name)
+        if rank == self.rank:
+            raise ValueError(f"{what}: {name}={rank} is this rank itself")
+        return rank
+
+    def _layout(self, g: Group) -> tuple[int, ...]:
+        """The node of each rank of ``g``, numbered from 0 in order of appearance."""
+        layout = self._layouts.get(g.id)
+        if layout is None:
+            if self._one_node:
+                layout = (0,) * g.size
+            else:
+                nodes = np.asarray(self.nodes)[list(g.ranks)]
+                _, first, inverse = np.unique(nodes, return_index=True, return_inverse=True)
+                order = np.empty(len(first), np.int64)
+                order[np.argsort(first)] = np.arange(len(first))
+                layout = tuple(order[inverse].tolist())
+            self._layouts[g.id] = layout
+        return layout
+
+
+def choose_algorithm(collective: str, size: int, nbytes: int, count: int,
+                     algorithm: str | None) -> str:
+    """The algorithm for a call: the one given, else the size-based default."""
+    name = algorithm or algorithms.choose(collective, size, nbytes, count=count)
+    if name not in algorithms.ALGORITHMS[collective]:
+        raise ValueError(f"unknown {collective} algorithm {name!r}; choose one of "
+                         f"{algorithms.ALGORITHMS[collective]}")
+    return name
+
+
+def _flat_in(array: object, what: str, dtype: np.dtype | None) -> np.ndarray:
+    """A flat C-contiguous view (or copy) of an array that is only read."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"{what} needs a numpy array, not {type(array).__name__}")
+    ops.dtype_code(array.dtype)
+    if dtype is not None:
+        _dtypes(what, dtype, array.dtype)
+    return np.ascontiguousarray(array).reshape(-1)
+
+
+def _dtypes(what: str, a: np.dtype, b: np.dtype) -> None:
+    if a != b:
+        raise TypeError(f"{what}: the output is {a} but the input is {b}")
+
+
+def _sizes(what: str, got: int, want: int, a: str, b: str) -> None:
+    if got != want:
+        raise ValueError(f"{what}: {a} has {got} elements but {b} is {want}")
+
+
+def _member(g: Group, rank: int, what: str, name: str) -> None:
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
+        raise TypeError(f"{what}: {name} must be a global rank (int), not {rank!r}")
+    if rank not in g:
+        raise ValueError(f"{what}: {name}={rank} is not a member of {g!r}")
+
+
+def _tag(tag: int, internal: bool = False) -> int:
+    """A user tag (0..2**31-1), or with ``internal`` one of minidist's own (2**31..2**32-1)."""
+    lo, hi = (P2P_TAG_LIMIT, 1 << 32) if internal else (0, P2P_TAG_LIMIT)
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not lo <= tag < hi:
+        raise ValueError(f"tag must be an int in {lo}..{hi - 1}, not {tag!r}")
+    return int(tag)
+
+
+def _flat(array: object, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """(the caller's array, a flat C-contiguous array to work on): the same memory when
+    the caller's array is contiguous, a copy otherwise."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"{what} needs a numpy array, not {type(array).__name__}")
+    ops.dtype_code(array.dtype)
+    if not array.flags.writeable:
+        raise ValueError(f"{what} writes into its array, which is read-only")
+    if array.flags.c_contiguous:
+        return array, array.reshape(-1)
+    return array, np.ascontiguousarray(array).reshape(-1)
+
+
+def _timeout(timeout: object) -> float | None:
+    """A group's timeout in seconds (None: the job's); a timedelta is accepted."""
+    if timeout is None:
+        return None
+    if hasattr(timeout, "total_seconds"):
+        timeout = timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        raise ValueError(f"timeout must be a number of seconds >= 0, not {timeout!r}")
+    return float(timeout)
+
+
+def _members(ranks: object, world_size: int) -> tuple[int, ...]:
+    """The sorted global ranks of a new group (all of them for None); ValueError for a
+    rank outside the world, a duplicate, or something that is not a rank."""
+    if ranks is None:
+        return tuple(range(world_size))
+    given = np.asarray(list(ranks))
+    if given.size == 0:
+        return ()
+    if given.ndim != 1 or given.dtype.kind not in "iu":
+        bad = next((r for r in given.ravel().tolist()
+                    if isinstance(r, bool) or not isinstance(r, int)), given)
+        raise ValueError(f"new_group: rank {bad!r} is not an integer rank")
+    members = np.sort(given)
+    if members[0] < 0 or members[-1] >= world_size:
+        bad = members[0] if members[0] < 0 else members[-1]
+        raise ValueError(f"new_group: rank {int(bad)} is outside 0..{world_size - 1}")
+    if members.size > 1 and np.any(members[1:] == members[:-1]):
+        dup = int(members[1:][members[1:] == members[:-1]][0])
+        raise ValueError(f"new_group: duplicate ranks in {list(ranks)} (rank {dup})")
+    return tuple(members.tolist())
