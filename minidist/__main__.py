@@ -7,6 +7,8 @@ import argparse
 import os
 import sys
 
+from .env import start_method
+
 
 def _run_parser(sub) -> None:
     p = sub.add_parser("run", help="launch N processes of a script on this node",
@@ -25,7 +27,7 @@ def _run_parser(sub) -> None:
                    help="seconds the other ranks get to report after one fails (default 5)")
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines")
     p.add_argument("--start-method", choices=("fork", "spawn"),
-                   default=os.environ.get("MINIDIST_START_METHOD", "fork"),
+                   default=start_method(os.environ),
                    help="fork the ranks from a launcher that has imported numpy and "
                    "minidist (default), or spawn a fresh interpreter for each")
     p.add_argument("-m", dest="module", action="store_true",
@@ -35,7 +37,10 @@ def _run_parser(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="minidist", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="minidist", description="minidist run -n N script.py [args...] starts a job; "
+        "minidist bench COLLECTIVE -n N [--vs gloo|mpi] measures a collective; minidist "
+        "calibrate measures this machine for the cost model.")
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
     from .bench.cli import add_parser as _bench_parser

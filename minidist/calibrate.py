@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from .algorithms.cost import DEFAULT, Costs
+from .env import calibration_file
 
 
 def path() -> Path:
-    return Path(os.environ.get("MINIDIST_CALIBRATION")
-                or Path.home() / ".cache" / "minidist" / "calibration.json")
+    return Path(calibration_file(os.environ, str(Path.home())))
 
 
 _loaded: dict[tuple[str, int], Costs] = {}  # (file, mtime) -> what it holds

@@ -19,6 +19,46 @@ def default_timeout(env: Mapping[str, str]) -> float:
     return float(env.get("MINIDIST_TIMEOUT", DEFAULT_TIMEOUT))
 
 
+# The switches minidist reads from the environment besides the launch itself; every
+# MINIDIST_* variable is listed, with its default, in docs/environment.md.
+
+
+def algorithm_overrides(env: Mapping[str, str], collectives: list[str]) -> dict[str, str]:
+    """Per-job algorithm choices: ``MINIDIST_ALGO_<COLLECTIVE>`` (e.g. ``..._ALL_REDUCE``)."""
+    return {c: env[f"MINIDIST_ALGO_{c.upper()}"] for c in collectives
+            if env.get(f"MINIDIST_ALGO_{c.upper()}")}
+
+
+def shared_memory_allowed(env: Mapping[str, str]) -> bool:
+    """False with ``MINIDIST_SHM=0``: no shared-memory algorithms."""
+    return env.get("MINIDIST_SHM", "1") != "0"
+
+
+def uvloop_allowed(env: Mapping[str, str]) -> bool:
+    """False with ``MINIDIST_UVLOOP=0``: the standard asyncio loop even with uvloop."""
+    return env.get("MINIDIST_UVLOOP", "1") != "0"
+
+
+def advertise_addr(env: Mapping[str, str]) -> str | None:
+    """``MINIDIST_ADVERTISE_ADDR``: where other nodes reach this node's agent."""
+    return env.get("MINIDIST_ADVERTISE_ADDR") or None
+
+
+def calibration_file(env: Mapping[str, str], home: str) -> str:
+    """``MINIDIST_CALIBRATION``, else ``<home>/.cache/minidist/calibration.json``."""
+    return env.get("MINIDIST_CALIBRATION") or f"{home}/.cache/minidist/calibration.json"
+
+
+def start_method(env: Mapping[str, str]) -> str:
+    """``MINIDIST_START_METHOD`` for ``minidist run``: ``fork`` (default) or ``spawn``."""
+    return env.get("MINIDIST_START_METHOD", "fork")
+
+
+def given_secret(env: Mapping[str, str]) -> str | None:
+    """``MINIDIST_SECRET``: the job secret a launcher was given."""
+    return env.get("MINIDIST_SECRET") or None
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """Where this process stands in the job and how to reach the rendezvous.

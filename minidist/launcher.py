@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass, field
 
 from . import segments
-from .env import default_timeout
+from .env import default_timeout, given_secret
 from .rendezvous.agent import NodeAgent
 from .rendezvous.server import RendezvousServer, bind_listeners
 from .runtime import new_event_loop
@@ -85,7 +85,7 @@ class Launcher:
             raise ValueError("an arbitrary command needs --start-method spawn")
         self.opts = opts
         self.world_size = opts.nproc * opts.nnodes
-        self.secret = os.environ.get("MINIDIST_SECRET") or (
+        self.secret = given_secret(os.environ) or (
             # the nodes' launchers must agree without talking: derived, so not secret
             hashlib.sha256(f"minidist:{opts.master_addr}:{opts.master_port}".encode())
             .hexdigest() if opts.nnodes > 1 else secrets.token_hex(16))

@@ -9,12 +9,14 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from .env import uvloop_allowed
+
 T = TypeVar("T")
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop's loop when installed (and not disabled with MINIDIST_UVLOOP=0)."""
-    if os.environ.get("MINIDIST_UVLOOP", "1") != "0":
+    if uvloop_allowed(os.environ):
         try:
             import uvloop
 

@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from . import algorithms, calibrate, ops, segments
+from . import algorithms, calibrate, env, ops, segments
 from .algorithms import shm as shm_algorithm
 from .engine import Engine
 from .env import LaunchConfig
@@ -47,12 +47,10 @@ class Session:
         self.local_store: KeyValueStore | None = None
         self.job = addresses.job_key(cfg.secret)
         # per-job algorithm overrides, read once
-        forced = {c: os.environ[f"MINIDIST_ALGO_{c.upper()}"]
-                  for c in algorithms.ALGORITHMS
-                  if os.environ.get(f"MINIDIST_ALGO_{c.upper()}")}
+        forced = env.algorithm_overrides(os.environ, list(algorithms.ALGORITHMS))
         self.plan = Planner(
             cfg.rank, cfg.world_size, self.engine.next_seq, self.engine.next_p2p_seq,
-            segments.available() and os.environ.get("MINIDIST_SHM", "1") != "0",
+            segments.available() and env.shared_memory_allowed(os.environ),
             calibrate.load(), forced)
         self.world = self.plan.world
         self._segments: dict[int, object] = {}

@@ -16,6 +16,7 @@ import os
 import socket
 
 from .. import wire
+from ..env import advertise_addr
 from ..errors import DistTimeoutError, ProtocolError, RendezvousError
 from ..transport import addresses
 from ..transport.acceptor import HANDSHAKE_TIMEOUT, Acceptor
@@ -56,7 +57,7 @@ class NodeAgent(Acceptor):
             if s.family != socket.AF_UNIX:
                 self.port = s.getsockname()[1]
         reader, self._up = await self._connect_master(timeout)
-        host = os.environ.get("MINIDIST_ADVERTISE_ADDR") or \
+        host = advertise_addr(os.environ) or \
             self._up.get_extra_info("sockname")[0]
         write_control(self._up, {"t": "agent_hello", "node": node_identity(), "host": host,
                                  "port": self.port})
