@@ -4,6 +4,8 @@ One listening TCP port per node, Unix domain sockets between the processes of a 
 ring and tree algorithms on numpy arrays. ``import minidist`` needs numpy only.
 """
 
+from importlib import metadata as _metadata
+
 from .api import (
     Store,
     all_gather,
@@ -53,7 +55,10 @@ from .group import Group, GroupMember
 from .ops import ReduceOp
 from .work import Work
 
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("minidist")
+except _metadata.PackageNotFoundError:  # run from a source tree that is not installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "init", "destroy", "is_initialized", "get_rank", "get_world_size", "get_local_rank",

@@ -15,14 +15,27 @@ def _run_parser(sub) -> None:
                        description="Launch N processes of a Python script (or -m module) "
                        "with minidist's environment set; relay their output prefixed with "
                        "the rank; exit with the first failing rank's code.")
-    p.add_argument("-n", "--nproc-per-node", "--nproc", dest="nproc", type=int, default=1,
-                   help="processes on this node (default 1)")
+    p.add_argument("-n", "-np", "--nproc-per-node", "--nproc_per_node", "--nproc",
+                   dest="nproc", type=int, default=1,
+                   help="processes on this node (default 1); -np and torchrun's "
+                   "--nproc_per_node work too")
     p.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
-    p.add_argument("--node-rank", type=int, default=0, help="this node's index")
-    p.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+    p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
+                   help="this node's index")
+    p.add_argument("--master-addr", "--master_addr", dest="master_addr",
+                   default=os.environ.get("MASTER_ADDR", "127.0.0.1"),
                    help="address of node 0 (default 127.0.0.1)")
-    p.add_argument("--master-port", type=int, default=int(os.environ.get("MINIDIST_PORT", 0)),
+    p.add_argument("--master-port", "--master_port", dest="master_port", type=int,
+                   default=int(os.environ.get("MINIDIST_PORT", 0)),
                    help="minidist's TCP port on node 0 (default: MINIDIST_PORT or any free)")
+    p.add_argument("--standalone", action="store_true",
+                   help="one node, on loopback, any free port (as torchrun's --standalone)")
+    p.add_argument("-x", dest="export", action="append", default=[], metavar="VAR[=VALUE]",
+                   help="set VAR in every rank's environment (to VALUE, or to its value "
+                   "here), as mpirun's -x; repeatable")
+    p.add_argument("--log-dir", "--log_dir", dest="log_dir", default=None,
+                   help="also write each rank's output to DIR/rank<K>.log")
+    p.add_argument("--version", action="version", version=_version())
     p.add_argument("--grace", type=float, default=5.0,
                    help="seconds the other ranks get to report after one fails (default 5)")
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines")
@@ -36,11 +49,32 @@ def _run_parser(sub) -> None:
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
 
+def _version() -> str:
+    from . import __version__
+
+    return f"minidist {__version__}"
+
+
+def _exports(specs: list[str]) -> dict[str, str]:
+    """mpirun's -x: VAR=VALUE sets it, VAR passes this environment's value on."""
+    out = {}
+    for spec in specs:
+        name, eq, value = spec.partition("=")
+        if not name:
+            raise ValueError(f"-x {spec!r}: expected VAR or VAR=VALUE")
+        if eq:
+            out[name] = value
+        elif name in os.environ:
+            out[name] = os.environ[name]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="minidist", description="minidist run -n N script.py [args...] starts a job; "
         "minidist bench COLLECTIVE -n N [--vs gloo|mpi] measures a collective; minidist "
         "calibrate measures this machine for the cost model.")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
     from .bench.cli import add_parser as _bench_parser
@@ -58,11 +92,14 @@ def main(argv: list[str] | None = None) -> int:
         from .launcher import RunOptions, run
 
         try:
+            if a.standalone:
+                a.nnodes, a.node_rank, a.master_addr, a.master_port = 1, 0, "127.0.0.1", 0
             return run(RunOptions(nproc=a.nproc, target=a.script, args=a.args,
                                   module=a.module, start_method=a.start_method,
                                   nnodes=a.nnodes, node_rank=a.node_rank,
                                   master_addr=a.master_addr, master_port=a.master_port,
-                                  grace=a.grace, prefix=not a.no_prefix))
+                                  grace=a.grace, prefix=not a.no_prefix,
+                                  env=_exports(a.export), log_dir=a.log_dir))
         except (OSError, ValueError) as e:  # a taken port, a bad option: one clear line
             print(f"minidist run: {e}", file=sys.stderr)
             return 1

@@ -17,6 +17,7 @@ Ranks start in one of two ways:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import gc
@@ -59,6 +60,7 @@ class RunOptions:
     master_port: int = 0
     grace: float = 5.0
     prefix: bool = True
+    log_dir: str | None = None  # also write each rank's output to <log_dir>/rank<k>.log
     start_method: str = "fork"
     env: dict[str, str] = field(default_factory=dict)
 
@@ -91,7 +93,8 @@ class Launcher:
             .hexdigest() if opts.nnodes > 1 else secrets.token_hex(16))
         self.children: list[_Child] = []
         self.first_failure: int | None = None  # the job's exit code once a rank failed
-        self._failures: list[int] = []  # exit codes of ranks that failed on their own
+        self._failures: list[tuple[int, int]] = []  # (rank, code) of ranks that failed
+        self._last_err: dict[int, collections.deque[bytes]] = {}  # each rank's last lines
         self._killing = False  # the launcher is stopping ranks: their codes are its doing
         self.port = opts.master_port
         self._listeners: list[socket.socket] = []
@@ -108,6 +111,10 @@ class Launcher:
             "MINIDIST_LAUNCHER": "1",
             "MINIDIST_ADDR": o.master_addr,
             "MINIDIST_PORT": str(self.port),
+            # torchrun's names too, so that torch code runs unchanged (torch.distributed's
+            # "minidist" backend joins this job's rendezvous, opening no port of its own)
+            "MASTER_ADDR": o.master_addr,
+            "MASTER_PORT": str(self.port),
             "MINIDIST_SECRET": self.secret,
             "RANK": str(o.node_rank * o.nproc + local_rank),
             "WORLD_SIZE": str(self.world_size),
@@ -222,6 +229,8 @@ class Launcher:
             swept = segments.sweep(addresses.job_key(self.secret.encode()))
             if swept:
                 self._note(f"removed shared memory left by killed ranks: {swept}")
+            for line in self.summary():
+                self._note(line)
         return self.first_failure or 0
 
     async def _wait_child(self, c: _Child) -> int:
@@ -256,11 +265,10 @@ class Launcher:
             server.rank_exited(c.rank, rc)
         if rc == 0 or self._killing:
             return
-        self._failures.append(rc)
+        self._failures.append((c.rank, rc))
         # a rank killed by a signal is the root cause of the others' failures: its code
         # is the job's, even when a survivor's exit was seen first
-        killed = [f for f in self._failures if f < 0]
-        code = killed[0] if killed else self._failures[0]
+        _, code = self._root_cause()
         self.first_failure = code if code > 0 else 128 - code
         if len(self._failures) == 1 and not self._stopping:
             self._note(f"rank {c.rank} exited with code {rc}; stopping the job "
@@ -304,7 +312,23 @@ class Launcher:
         transport, _ = await loop.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
         prefix = f"[rank{rank}]: ".encode() if self.opts.prefix else b""
+        last = self._last_err.setdefault(rank, collections.deque(maxlen=8)) \
+            if out is self._err else None
+        log = None
+        if self.opts.log_dir:
+            os.makedirs(self.opts.log_dir, exist_ok=True)
+            log = open(os.path.join(self.opts.log_dir, f"rank{rank}.log"), "ab")  # noqa: SIM115
         pending = b""
+
+        def emit(lines: list[bytes]) -> None:
+            out.write(b"".join(prefix + line + b"\n" for line in lines))
+            out.flush()
+            if log is not None:
+                log.write(b"".join(line + b"\n" for line in lines))
+                log.flush()
+            if last is not None:
+                last.extend(lines)
+
         try:
             while True:
                 chunk = await reader.read(1 << 16)
@@ -313,17 +337,62 @@ class Launcher:
                 lines = (pending + chunk).split(b"\n")
                 pending = lines.pop()
                 if lines:
-                    out.write(b"".join(prefix + line + b"\n" for line in lines))
-                    out.flush()
+                    emit(lines)
             if pending:
-                out.write(prefix + pending + b"\n")
-                out.flush()
+                emit([pending])
         finally:
             transport.close()
+            if log is not None:
+                log.close()
+
+    def _root_cause(self) -> tuple[int, int]:
+        """(rank, exit code) of the failure the others followed: a rank killed by a
+        signal, else the first whose last words were not about another rank's loss."""
+        killed = [f for f in self._failures if f[1] < 0]
+        if killed:
+            return killed[0]
+        own = [f for f in self._failures if b"PeerLostError" not in self._last_line(f[0])]
+        return (own or self._failures)[0]
+
+    def _last_line(self, rank: int) -> bytes:
+        lines = self._last_err.get(rank) or ()
+        return next((ln for ln in reversed(lines) if ln.strip()), b"")
+
+    def summary(self) -> list[str]:
+        """The closing lines of a failed job: who failed first and how, and the rest
+        folded into one line."""
+        if not self._failures:
+            return []
+        rank, code = self._root_cause()
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 and -code in \
+            signal.Signals._value2member_map_ else f"exit code {code}"
+        others = sorted({r for r, _ in self._failures if r != rank})
+        lines = [f"job failed; first failure: rank {rank} ({how})"]
+        last = self._last_line(rank).decode(errors="replace").strip()
+        if last:
+            lines.append(f"rank {rank}: {last}")
+        if others:
+            lines.append(f"rank(s) {_ranges(others)} then failed too (they lost rank {rank} "
+                         "or were stopped)")
+        return lines
 
     def _note(self, text: str) -> None:
         self._err.write(f"minidist run: {text}\n".encode())
         self._err.flush()
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 4, 6, 7] -> "0-2,4,6-7"."""
+    out: list[str] = []
+    start = prev = ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ",".join(out)
 
 
 def die_with(parent: int) -> None:

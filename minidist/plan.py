@@ -171,7 +171,8 @@ class Planner:
         g = self.group(group, "broadcast")
         if src not in g:
             raise ValueError(f"broadcast: src {src} is not a member of {g!r}")
-        if self.rank == src and isinstance(array, np.ndarray) and not array.flags.writeable:
+        array = as_array(array, "broadcast")
+        if self.rank == src and not array.flags.writeable:
             # the source is only read: a private copy lets the schedule use it as a buffer
             user, flat = None, np.array(array, copy=True).reshape(-1)
             ops.dtype_code(flat.dtype)
@@ -378,10 +379,43 @@ def choose_algorithm(collective: str, size: int, nbytes: int, count: int,
     return name
 
 
+_KDL_CPU = 1  # DLPack's device type for host memory
+
+
+def as_array(obj: object, what: str) -> np.ndarray:
+    """``obj`` as a numpy array, without a copy: a numpy array as it is; else anything
+    with ``__dlpack__`` in CPU memory (a CPU torch tensor), ``__array__``, or the
+    buffer protocol. TypeError, naming ``what``, for anything else (a GPU tensor, a
+    list)."""
+    if isinstance(obj, np.ndarray):
+        return obj
+    if hasattr(obj, "__dlpack_device__"):
+        try:
+            device = obj.__dlpack_device__()[0]
+        except Exception:  # noqa: BLE001 - any failure means "not a usable tensor"
+            device = None
+        if device != _KDL_CPU:
+            raise TypeError(f"{what} needs an array in CPU memory, not a "
+                            f"{type(obj).__name__} on device {device} (CUDA tensors go "
+                            "through minidist.torch)")
+        try:
+            return np.from_dlpack(obj)
+        except (TypeError, BufferError, RuntimeError, ValueError) as e:
+            raise TypeError(f"{what}: cannot view a {type(obj).__name__} as a numpy array "
+                            f"({e})") from None
+    if hasattr(obj, "__array__") or hasattr(obj, "__array_interface__"):
+        return np.asarray(obj)
+    try:
+        return np.asarray(memoryview(obj))
+    except TypeError:
+        raise TypeError(f"{what} needs a numpy array (or an object with the buffer "
+                        f"protocol, __array__ or __dlpack__), not {type(obj).__name__}") \
+            from None
+
+
 def _flat_in(array: object, what: str, dtype: np.dtype | None) -> np.ndarray:
     """A flat C-contiguous view (or copy) of an array that is only read."""
-    if not isinstance(array, np.ndarray):
-        raise TypeError(f"{what} needs a numpy array, not {type(array).__name__}")
+    array = as_array(array, what)
     ops.dtype_code(array.dtype)
     if dtype is not None:
         _dtypes(what, dtype, array.dtype)
@@ -416,8 +450,7 @@ def _tag(tag: int, internal: bool = False) -> int:
 def _flat(array: object, what: str) -> tuple[np.ndarray, np.ndarray]:
     """(the caller's array, a flat C-contiguous array to work on): the same memory when
     the caller's array is contiguous, a copy otherwise."""
-    if not isinstance(array, np.ndarray):
-        raise TypeError(f"{what} needs a numpy array, not {type(array).__name__}")
+    array = as_array(array, what)
     ops.dtype_code(array.dtype)
     if not array.flags.writeable:
         raise ValueError(f"{what} writes into its array, which is read-only")

@@ -66,7 +66,10 @@ class Session:
             self.local_store = KeyValueStore()
             return
         if cfg.host_server:
-            self.server = RendezvousServer(cfg.secret, cfg.world_size, port=cfg.port)
+            # a job on one node needs no address other nodes can reach
+            host = "127.0.0.1" if cfg.local_world_size == cfg.world_size else "0.0.0.0"
+            self.server = RendezvousServer(cfg.secret, cfg.world_size, host=host,
+                                           port=cfg.port)
             await self.server.start()
         elif cfg.host_agent:
             self.agent = NodeAgent(cfg.secret, cfg.master_addr, cfg.port, port=cfg.port)
