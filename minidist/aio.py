@@ -65,8 +65,8 @@ class Handle:
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def wait(self) -> Any:
-        await self._task
-        return self._result
+        done = await self._task
+        return done if self._result is None else self._result
 
     def __await__(self) -> Generator[Any, None, Any]:
         return self.wait().__await__()
@@ -240,11 +240,18 @@ def isend(array: np.ndarray, dst: int, tag: int = 0, group: GroupArg = None) -> 
     return Handle(asyncio.ensure_future(d.run(d.plan.prepare_send(array, dst, tag, group))))
 
 
-def irecv(array: np.ndarray, src: int, tag: int = 0, group: GroupArg = None) -> Handle:
-    """Start receiving into ``array``; awaiting the handle gives ``src``."""
+def irecv(array: np.ndarray, src: int | None = None, tag: int = 0,
+          group: GroupArg = None) -> Handle:
+    """Start receiving into ``array`` (``src`` None: from any rank); awaiting the handle
+    gives the sender's global rank."""
     d = _d()
-    return Handle(asyncio.ensure_future(d.run(d.plan.prepare_recv(array, src, tag, group))),
-                  src)
+    item = d.plan.prepare_recv(array, src, tag, group)
+    return Handle(asyncio.ensure_future(_received(d, item)))
+
+
+async def _received(d: Door, item: Planned) -> int:
+    await d.run(item)
+    return item.source
 
 
 async def send(array: np.ndarray, dst: int, tag: int = 0, group: GroupArg = None) -> None:
@@ -252,9 +259,11 @@ async def send(array: np.ndarray, dst: int, tag: int = 0, group: GroupArg = None
     await _go(_d().plan.prepare_send(array, dst, tag, group), False)
 
 
-async def recv(array: np.ndarray, src: int, tag: int = 0, group: GroupArg = None) -> int:
-    """See :func:`minidist.recv`; returns ``src``."""
-    return await _go(_d().plan.prepare_recv(array, src, tag, group), False, src)
+async def recv(array: np.ndarray, src: int | None = None, tag: int = 0,
+               group: GroupArg = None) -> int:
+    """See :func:`minidist.recv`; returns the sender's global rank."""
+    d = _d()
+    return await _received(d, d.plan.prepare_recv(array, src, tag, group))
 
 
 async def send_object(obj: Any, dst: int, tag: int = 0, group: GroupArg = None) -> None:
@@ -263,10 +272,42 @@ async def send_object(obj: Any, dst: int, tag: int = 0, group: GroupArg = None) 
     await d.run(d.plan.prepare_send(objects.dumps(obj), dst, tag, group, is_object=True))
 
 
-async def recv_object(src: int, tag: int = 0, group: GroupArg = None) -> Any:
+async def recv_object(src: int | None = None, tag: int = 0, group: GroupArg = None,
+                      return_source: bool = False) -> Any:
     """See :func:`minidist.recv_object`."""
     d = _d()
-    return objects.loads(await d.run(d.plan.prepare_recv(None, src, tag, group)))
+    item = d.plan.prepare_recv(None, src, tag, group)
+    obj = objects.loads(await d.run(item))
+    return (obj, item.source) if return_source else obj
+
+
+def isend_object(obj: Any, dst: int, tag: int = 0, group: GroupArg = None) -> Handle:
+    """Start sending a picklable object; await the handle for completion."""
+    d = _d()
+    item = d.plan.prepare_send(objects.dumps(obj), dst, tag, group, is_object=True)
+    return Handle(asyncio.ensure_future(d.run(item)))
+
+
+def irecv_object(src: int | None = None, tag: int = 0, group: GroupArg = None) -> Handle:
+    """Start receiving the next object (``src`` None: from any rank); awaiting the
+    handle gives ``(obj, sender's global rank)``."""
+    d = _d()
+    item = d.plan.prepare_recv(None, src, tag, group)
+
+    async def received() -> tuple[Any, int]:
+        return objects.loads(await d.run(item)), item.source
+
+    return Handle(asyncio.ensure_future(received()))
+
+
+async def iprobe(src: int | None = None, tag: int = 0, group: GroupArg = None) -> int | None:
+    """See :func:`minidist.iprobe`."""
+    return await _d().probe(src, tag, group, wait=False)
+
+
+async def probe(src: int | None = None, tag: int = 0, group: GroupArg = None) -> int:
+    """See :func:`minidist.probe`."""
+    return await _d().probe(src, tag, group, wait=True)
 
 
 # ---------------------------------------------------------------------- objects

@@ -8,6 +8,7 @@ while a call is in flight.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import os
 import sys
 import threading
@@ -277,21 +278,28 @@ def send(array: np.ndarray, dst: int, tag: int = 0, group: GroupArg = None) -> N
     d.wait(d.plan.prepare_send(array, dst, tag, group))
 
 
-def irecv(array: np.ndarray, src: int, tag: int = 0, group: GroupArg = None) -> Work:
-    """Receive the next message from global rank ``src`` with ``tag`` into ``array``.
+def irecv(array: np.ndarray, src: int | None = None, tag: int = 0,
+          group: GroupArg = None) -> Work:
+    """Receive the next message from global rank ``src`` with ``tag`` into ``array``;
+    ``src`` None: the first message with ``tag`` to arrive from any rank of the group
+    (fair: in order of arrival; each sender's messages still in order). The Work's
+    ``source_rank()`` is the sender.
 
     CollectiveMismatchError if its shape or dtype differs (``array`` is then left as it
     was); DistTimeoutError if nothing comes before the timeout.
     """
     d = door()
-    return Work(d.submit(d.plan.prepare_recv(array, src, tag, group)), result=src)
+    item = d.plan.prepare_recv(array, src, tag, group)
+    return Work(d.submit(item), source=lambda: item.source)
 
 
-def recv(array: np.ndarray, src: int, tag: int = 0, group: GroupArg = None) -> int:
-    """Blocking :func:`irecv`; returns ``src``."""
+def recv(array: np.ndarray, src: int | None = None, tag: int = 0,
+         group: GroupArg = None) -> int:
+    """Blocking :func:`irecv`; returns the sender's global rank (as torch does)."""
     d = door()
-    d.wait(d.plan.prepare_recv(array, src, tag, group))
-    return src
+    item = d.plan.prepare_recv(array, src, tag, group)
+    d.wait(item)
+    return item.source
 
 
 def send_object(obj: Any, dst: int, tag: int = 0, group: GroupArg = None) -> None:
@@ -300,10 +308,55 @@ def send_object(obj: Any, dst: int, tag: int = 0, group: GroupArg = None) -> Non
     d.wait(d.plan.prepare_send(objects.dumps(obj), dst, tag, group, is_object=True))
 
 
-def recv_object(src: int, tag: int = 0, group: GroupArg = None) -> Any:
-    """Receive the next object sent by global rank ``src`` with ``tag``."""
+def recv_object(src: int | None = None, tag: int = 0, group: GroupArg = None,
+                return_source: bool = False) -> Any:
+    """Receive the next object sent by global rank ``src`` (None: by any rank) with
+    ``tag``. With ``return_source``, return ``(obj, sender's global rank)``."""
     d = door()
-    return objects.loads(d.wait(d.plan.prepare_recv(None, src, tag, group)))
+    item = d.plan.prepare_recv(None, src, tag, group)
+    obj = objects.loads(d.wait(item))
+    return (obj, item.source) if return_source else obj
+
+
+def isend_object(obj: Any, dst: int, tag: int = 0, group: GroupArg = None) -> Work:
+    """Start sending a picklable object to global rank ``dst``."""
+    d = door()
+    return Work(d.submit(d.plan.prepare_send(objects.dumps(obj), dst, tag, group,
+                                             is_object=True)))
+
+
+def irecv_object(src: int | None = None, tag: int = 0, group: GroupArg = None) -> Work:
+    """Start receiving the next object from ``src`` (None: any rank); the Work's
+    ``result()`` is the object and its ``source_rank()`` the sender."""
+    d = door()
+    item = d.plan.prepare_recv(None, src, tag, group)
+    raw = d.submit(item)
+    done: concurrent.futures.Future = concurrent.futures.Future()
+
+    def unpickle(f: concurrent.futures.Future) -> None:
+        if f.cancelled() or f.exception() is not None:
+            done.set_exception(f.exception() or concurrent.futures.CancelledError())
+            return
+        try:
+            done.set_result(objects.loads(f.result()))
+        except Exception as e:  # noqa: BLE001 - an object that does not unpickle
+            done.set_exception(e)
+
+    raw.add_done_callback(unpickle)
+    return Work(done, source=lambda: item.source)
+
+
+def iprobe(src: int | None = None, tag: int = 0, group: GroupArg = None) -> int | None:
+    """The sender of the message a receive from ``src`` (None: any rank) with ``tag``
+    would take now, without receiving it; None if none has arrived (never waits)."""
+    d = door()
+    return d.block(d.probe(src, tag, group, wait=False))
+
+
+def probe(src: int | None = None, tag: int = 0, group: GroupArg = None) -> int:
+    """Like :func:`iprobe`, but wait (up to the timeout) until such a message arrives."""
+    d = door()
+    return d.block(d.probe(src, tag, group, wait=True))
 
 
 # ---------------------------------------------------------------------- objects

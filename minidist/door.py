@@ -161,6 +161,15 @@ class Door:
         self._start(item)
         return await self._finish(item)
 
+    def probe(self, src: int | None, tag: int, group: Group | object | None,
+              wait: bool) -> Coroutine[Any, Any, int | None]:
+        """On the loop: the sender of the message a receive from ``src`` (None: any rank)
+        with ``tag`` would take now, without receiving it; with ``wait``, wait for one
+        (up to the group's timeout), else None when none has arrived."""
+        g, tag = self.plan.check_probe(src, tag, group)
+        return self._session.engine.probe(g, src, tag,
+                                          self._session.timeout_of(g) if wait else None)
+
     async def on_loop(self, item: Planned) -> Any:
         """Run ``item`` from code already on the loop (a call made of calls, such as an
         object collective): no caller's-thread fast path."""

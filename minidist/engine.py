@@ -177,7 +177,9 @@ class Engine:
             self.endpoint.forbid(rank, exc)
         self._heard(rank)
         for a in list(self._active):
-            if a.needs(rank):
+            if a.call is None and a.peer < 0:
+                self._check_anyone(a)
+            elif a.needs(rank):
                 what = a.call.name if a.call is not None else "send/recv"
                 self._fail(a, PeerLostError(
                     f"{what} on {a.group!r} failed on rank {self.rank}: rank {rank} died "
@@ -199,6 +201,9 @@ class Engine:
                 self.mailbox.peer_dead(rank, exc)
             # else: its connection's end, right behind its last frames, says so
             self._heard(rank)
+        for a in list(self._active):
+            if a.call is None and a.peer < 0:
+                self._check_anyone(a)
 
     def _rendezvous_gone(self, reason: str) -> None:
         if self.rendezvous_lost is not None:
@@ -268,6 +273,9 @@ class Engine:
         self.mailbox.peer_dead(rank, exc)
         if self.endpoint is not None:
             self.endpoint.forbid(rank, exc)
+        for a in list(self._active):
+            if a.call is None and a.peer < 0:
+                self._check_anyone(a)
 
     async def _explain(self, rank: int, exc: PeerLostError) -> PeerLostError:
         """A send to ``rank`` failed: say why, once the rendezvous has had its word."""
@@ -399,12 +407,14 @@ class Engine:
 
     async def recv_p2p(self, p, timeout: float) -> bytes | None:
         """Receive one point-to-point message into ``p.flat`` (or, for an object, return
-        its bytes). CollectiveMismatchError, with the buffer untouched, if the message
-        does not fit."""
+        its bytes); ``p.source`` is then its sender. ``p.peer`` -1: from any rank of the
+        group, the first message to arrive. CollectiveMismatchError, with the buffer
+        untouched, if the message does not fit."""
         if self.rendezvous_lost is not None:
             raise self._no_rendezvous("recv")
-        key = (p.peer, p.group.id, p.seq, p.tag, True)
         me = self.rank
+        anyone = p.peer < 0
+        where = "any rank" if anyone else f"rank {p.peer}"
 
         def check(h: wire.Header) -> Exception | None:
             obj = bool(h.flags & FLAG_OBJECT)
@@ -426,32 +436,97 @@ class Engine:
 
         view = None if p.flat is None else _bytes(p.flat)
         a = self._enter(p.group, peer=p.peer)
-        fut = self.mailbox.post(key, view, check)
+        if anyone:
+            gid, tag = p.group.id, p.tag
+
+            def expected(src: int) -> int:
+                return self._p2p_seq.get((gid, src, tag, False), 0)
+
+            def taken(src: int) -> None:
+                self._p2p_seq[(gid, src, tag, False)] = expected(src) + 1
+
+            fut = self.mailbox.post_any(gid, tag, view, check, expected, taken)
+            forget = lambda: self.mailbox.cancel_any(fut)  # noqa: E731
+            if not fut.done():
+                self._check_anyone(a)
+                if a.error is not None:
+                    forget()
+                    self._active.discard(a)
+                    raise a.error
+        else:
+            key = (p.peer, p.group.id, p.seq, p.tag, True)
+            fut = self.mailbox.post(key, view, check)
+            forget = lambda: self.mailbox.cancel(key)  # noqa: E731
         try:
             async with asyncio.timeout(timeout):
                 result = await fut
         except asyncio.CancelledError as e:
-            self.mailbox.cancel(key)
+            forget()
             err = self._leave(a, e)
             if err is e:
                 raise
             raise err from None
         except DistError as e:
-            self.mailbox.cancel(key)
+            forget()
             raise self._leave(a, e) from None
         except TimeoutError as e:
-            self.mailbox.cancel(key)
+            forget()
             err = self._leave(a, e)
             if err is not e:
                 raise err from None
-            self._give_back_p2p_seq(p)
-            raise DistTimeoutError(f"recv on rank {me} from rank {p.peer} ({tag_name(p.tag)}) "
+            if not anyone:
+                self._give_back_p2p_seq(p)
+            raise DistTimeoutError(f"recv on rank {me} from {where} ({tag_name(p.tag)}) "
                                    f"timed out after {timeout:g} s: no matching send",
                                    collective="recv", group=p.group,
-                                   missing=[p.peer]) from None
+                                   missing=[] if anyone else [p.peer]) from None
         finally:
             self._active.discard(a)
+        header = result if view is not None else result[0]
+        p.source = header.src
         return result[1] if view is None else None
+
+    async def probe(self, group: Group, src: int | None, tag: int,
+                    timeout: float | None) -> int | None:
+        """The sender of the message a receive from ``src`` (None: any rank) with ``tag``
+        would take now, without receiving it; with ``timeout`` None, None if none has
+        arrived, else wait for one (DistTimeoutError after ``timeout`` seconds)."""
+        gid = group.id
+
+        def expected(r: int) -> int:
+            return self._p2p_seq.get((gid, r, tag, False), 0)
+
+        h = self.mailbox.peek(gid, tag, src, expected)
+        if h is not None or timeout is None:
+            return None if h is None else h.src
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    if self.rendezvous_lost is not None:
+                        raise self._no_rendezvous("probe")
+                    if src is not None and self.mailbox.is_dead(src) is not None:
+                        raise self.mailbox.is_dead(src)
+                    await self.mailbox.next_arrival()
+                    h = self.mailbox.peek(gid, tag, src, expected)
+                    if h is not None:
+                        return h.src
+        except TimeoutError:
+            raise DistTimeoutError(
+                f"probe on rank {self.rank} for a message from "
+                f"{'any rank' if src is None else f'rank {src}'} ({tag_name(tag)}) timed "
+                f"out after {timeout:g} s", collective="probe", group=group,
+                missing=[] if src is None else [src]) from None
+
+    def _check_anyone(self, a: _Active) -> None:
+        """A receive from any rank fails once nothing more can come from any other rank
+        of its group (each died, or left and what it sent has been read)."""
+        others = [r for r in a.group.ranks if r != self.rank]
+        if others and all(r in self.lost or self.mailbox.is_dead(r) is not None
+                          for r in others):
+            self._fail(a, PeerLostError(
+                f"recv from any rank on {a.group!r}: every other rank of the group is gone",
+                ranks=others, collective="recv", group=a.group,
+                left=not any(r in self.lost for r in others)))
 
     # ------------------------------------------------------------------ collectives
 

@@ -60,10 +60,10 @@ class Call:
             parts.append(f"op={ReduceOp(op).name}")
         if root >= 0:
             parts.append(f"root={root}")
-        names = algorithms.ALGORITHMS.get(name, ())
         if kind != wire.Kind.P2P:
-            parts.append(f"algorithm={names[algo]!r}" if algo < len(names)
-                         else "an unknown algorithm")
+            algo_name = algorithms.name_of(name, algo)
+            parts.append(f"algorithm={algo_name!r}" if algo_name is not None
+                         else f"an algorithm not registered here (wire index {algo})")
         return f"{name}({', '.join(parts)})"
 
 
@@ -99,6 +99,7 @@ class P2P:
     is_object: bool
     user: np.ndarray | None = None  # the caller's array when ``flat`` is a copy
     sending: bool = False
+    source: int = -1  # a receive's sender, once it is done (``peer`` is -1: any source)
 
 
 class Planner:
@@ -310,12 +311,12 @@ class Planner:
                 chunk = shm_algorithm.chunk_elements(g.size, flat.itemsize) * flat.itemsize
                 forced = cost.choose(g.size, nbytes, self.costs, chunk,
                                      cost.CANDIDATES if self.shm_enabled
-                                     else cost.CANDIDATES[:-1])
+                                     else cost.CANDIDATES[:-1], itemsize=flat.itemsize)
         name = choose_algorithm(collective, g.size, nbytes, count, forced)
         sched = algorithms.make_schedule(collective, name, g.rank_of(self.rank), g.size,
                                          count, g.rank_of(root) if root >= 0 else 0,
                                          nodes=layout, itemsize=flat.itemsize)
-        return (name, algorithms.ALGORITHMS[collective].index(name), wire.shape_digest(shape),
+        return (name, algorithms.wire_index(collective, name), wire.shape_digest(shape),
                 sched, ops.dtype_code(flat.dtype))
 
     def prepare_send(self, array: np.ndarray | bytes, dst: int, tag: int, group: object,
@@ -333,19 +334,29 @@ class Planner:
         return P2P(g, peer, tag, self._number_p2p(g, peer, tag, True), flat,
                    wire.shape_digest(shape), is_object, sending=True)
 
-    def prepare_recv(self, array: np.ndarray | None, src: int, tag: int, group: object,
-                     internal: bool = False) -> P2P:
-        """A receive from global rank ``src`` into ``array`` (None: an object)."""
+    def prepare_recv(self, array: np.ndarray | None, src: int | None, tag: int,
+                     group: object, internal: bool = False) -> P2P:
+        """A receive from global rank ``src`` (None: from any rank of the group) into
+        ``array`` (None: an object). A receive from any rank is numbered when its
+        message arrives, so it has no number yet (-1)."""
         g = self.group(group, "recv")
-        peer = self._peer(g, src, "recv", "src")
+        peer = -1 if src is None else self._peer(g, src, "recv", "src")
+        if src is None and g.size < 2:
+            raise ValueError(f"recv: src=None on {g!r}, which has no other rank")
         tag = _tag(tag, internal)
+        seq = -1 if src is None else self._number_p2p(g, peer, tag, False)
         if array is None:  # an object: any size
-            return P2P(g, peer, tag, self._number_p2p(g, peer, tag, False), None, 0,
-                       True)
+            return P2P(g, peer, tag, seq, None, 0, True)
         user, flat = _flat(array, "recv")
-        return P2P(g, peer, tag, self._number_p2p(g, peer, tag, False), flat,
-                   wire.shape_digest(user.shape), False,
+        return P2P(g, peer, tag, seq, flat, wire.shape_digest(user.shape), False,
                    user if not user.flags.c_contiguous else None)
+
+    def check_probe(self, src: int | None, tag: int, group: object) -> tuple[Group, int]:
+        """(the group, the tag) of a probe for a message from ``src`` (None: any)."""
+        g = self.group(group, "probe")
+        if src is not None:
+            self._peer(g, src, "probe", "src")
+        return g, _tag(tag)
 
     def _peer(self, g: Group, rank: int, what: str, name: str) -> int:
         _member(g, rank, what, name)
@@ -374,8 +385,7 @@ def choose_algorithm(collective: str, size: int, nbytes: int, count: int,
     """The algorithm for a call: the one given, else the size-based default."""
     name = algorithm or algorithms.choose(collective, size, nbytes, count=count)
     if name not in algorithms.ALGORITHMS[collective]:
-        raise ValueError(f"unknown {collective} algorithm {name!r}; choose one of "
-                         f"{algorithms.ALGORITHMS[collective]}")
+        algorithms.wire_index(collective, name)  # ValueError naming the known ones
     return name
 
 

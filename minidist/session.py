@@ -19,7 +19,7 @@ from . import algorithms, calibrate, env, ops, segments
 from .algorithms import shm as shm_algorithm
 from .engine import Engine
 from .env import LaunchConfig
-from .errors import PeerLostError, RendezvousError
+from .errors import DistError, PeerLostError, RendezvousError
 from .group import Group
 from .plan import P2P, SHM_TAG, Planner, Prepared
 from .rendezvous.agent import NodeAgent
@@ -46,7 +46,8 @@ class Session:
         self.agent: NodeAgent | None = None
         self.local_store: KeyValueStore | None = None
         self.job = addresses.job_key(cfg.secret)
-        # per-job algorithm overrides, read once
+        # the job's own algorithms (MINIDIST_ALGO_MODULE), then per-job overrides, read once
+        algorithms.plugins.load_modules(env.algorithm_modules(os.environ))
         forced = env.algorithm_overrides(os.environ, list(algorithms.ALGORITHMS))
         self.plan = Planner(
             cfg.rank, cfg.world_size, self.engine.next_seq, self.engine.next_p2p_seq,
@@ -56,6 +57,7 @@ class Session:
         self._segments: dict[int, object] = {}
         self._pool: dict[tuple[np.dtype, int], list[np.ndarray]] = {}
         self._shm_locks: dict[int, asyncio.Lock] = {}
+        self._shm_turns: dict[int, int] = {}  # shared-memory calls per group so far
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -175,11 +177,12 @@ class Session:
         return payload
 
     async def _segment(self, g: Group):
-        """This group's shared-memory segment, set up on first use by every member."""
+        """This group's shared-memory segment, set up on first use by every member: two
+        halves of SEGMENT_BYTES, used by the group's shared-memory calls in turn."""
         seg = self._segments.get(g.id)
         if seg is not None:
             return seg
-        size = shm_algorithm.SEGMENT_BYTES
+        size = 2 * shm_algorithm.SEGMENT_BYTES
         leader = g.ranks[0]
         if self.rank == leader:
             name = segments.segment_name(self.job, g.id, os.getpid())
@@ -187,17 +190,22 @@ class Session:
             try:
                 for r in g.ranks[1:]:
                     await self.send(self.plan.prepare_send(name.encode(), r, SHM_TAG, g,
-                                                      is_object=True, internal=True))
+                                                           is_object=True, internal=True))
                 for r in g.ranks[1:]:
-                    await self.recv(self.plan.prepare_recv(None, r, SHM_TAG, g, internal=True))
+                    await self.recv(self.plan.prepare_recv(None, r, SHM_TAG, g,
+                                                           internal=True))
             finally:
                 segments.unlink(name)  # every member has it mapped (or failed): no name left
         else:
             name = (await self.recv(self.plan.prepare_recv(None, leader, SHM_TAG, g,
-                                                      internal=True))).decode()
-            seg = segments.attach(name, size)
+                                                           internal=True))).decode()
+            try:
+                seg = segments.attach(name, size)
+            except FileNotFoundError:  # the first rank gave up on this call meanwhile
+                raise DistError(f"shared-memory set-up on {g!r} failed on rank {self.rank}: "
+                                f"rank {leader} abandoned it") from None
             await self.send(self.plan.prepare_send(b"ok", leader, SHM_TAG, g, is_object=True,
-                                              internal=True))
+                                                   internal=True))
         self._segments[g.id] = seg
         return seg
 
@@ -216,7 +224,13 @@ class Session:
             async def map_segment() -> None:
                 # inside the call: a rank that chose another algorithm is found out here
                 seg = await self._segment(g)
-                p.bufs["tmp"] = np.frombuffer(seg, out.dtype, p.schedule.tmp_size)
+                # consecutive calls use the two halves in turn: a rank that finished this
+                # call may start the next before a slower one has copied out its result,
+                # and cannot start the one after before every rank finished this one
+                turn = self._shm_turns.get(g.id, 0)
+                self._shm_turns[g.id] = turn + 1
+                p.bufs["tmp"] = np.frombuffer(seg, out.dtype, p.schedule.tmp_size,
+                                              (turn % 2) * shm_algorithm.SEGMENT_BYTES)
 
             lock = self._shm_locks.setdefault(g.id, asyncio.Lock())
             async with lock:  # calls on one group share its segment: one at a time

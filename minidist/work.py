@@ -11,12 +11,14 @@ class Work:
     """A collective in flight. ``wait()`` blocks until it is done and raises its error."""
 
     def __init__(self, future: concurrent.futures.Future | None = None,
-                 on_done: Callable[[], None] | None = None, result: Any = None) -> None:
+                 on_done: Callable[[], None] | None = None, result: Any = None,
+                 source: Callable[[], int] | None = None) -> None:
         if future is None:
             future = concurrent.futures.Future()
             future.set_result(result)
         self._future = future
         self._on_done = on_done
+        self._source = source
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the call completes; re-raise its error. Returns True like torch.
@@ -43,6 +45,14 @@ class Work:
     def result(self) -> Any:
         self.wait()
         return self._future.result()
+
+    def source_rank(self) -> int:
+        """For a receive: the global rank the message came from (once it is done; the
+        way to learn the sender of a receive from any rank)."""
+        if self._source is None:
+            raise ValueError("source_rank() is only defined for receives")
+        self.wait()
+        return self._source()
 
     def get_future(self) -> concurrent.futures.Future:
         """A concurrent.futures.Future that completes with the call."""

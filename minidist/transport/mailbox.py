@@ -33,6 +33,20 @@ class Posted:
     future: asyncio.Future = field(repr=False)
 
 
+@dataclass(slots=True)
+class AnyPosted:
+    """A receive from any sender of (group, tag): it takes the first frame to arrive
+    whose number is the next one expected from its sender."""
+
+    group: int
+    tag: int
+    view: memoryview | None
+    check: Check
+    future: asyncio.Future = field(repr=False)
+    expected: Callable[[int], int]  # sender -> the number of its next message
+    taken: Callable[[int], None]  # a message of this sender was received
+
+
 REJECTED = Posted((0, 0, 0, 0, False), None, lambda h: None, None)
 """What :meth:`Mailbox.claim` returns for a frame whose receive refused it: the reader
 reads its payload and drops it."""
@@ -48,6 +62,8 @@ class Mailbox:
         # (group, seq) of running collectives -> a check of any frame's header
         self._expect: dict[tuple[int, int], Check] = {}
         self.on_mismatch: Callable[[int, int, Exception], None] = lambda g, s, e: None
+        self._any: dict[tuple[int, int], list[AnyPosted]] = {}  # (group, tag) -> receives
+        self._arrivals: list[asyncio.Future] = []  # probes waiting for a message to arrive
         # a collective's frame that nobody expects: True to drop it (its call is over)
         self.on_unexpected: Callable[[Header], bool] = lambda h: False
 
@@ -77,12 +93,66 @@ class Mailbox:
             header, payload = early
             self._deliver(Posted(key, view, check, fut), header, payload)
         elif key[0] in self._dead:
-            fut.set_exception(self._dead[key[0]])
+            _fail(fut, self._dead[key[0]])
         else:
             if key in self._posted:
                 raise RuntimeError(f"a receive for {key} is already posted")
             self._posted[key] = Posted(key, view, check, fut)
         return fut
+
+    def post_any(self, group: int, tag: int, view: memoryview | None, check: Check,
+                 expected: Callable[[int], int], taken: Callable[[int], None]
+                 ) -> asyncio.Future:
+        """Like :meth:`post`, for the next message of (group, tag) from any sender: the
+        earliest one already here, else the first to arrive. Messages of one sender
+        are still taken in their order."""
+        fut = asyncio.get_running_loop().create_future()
+        for key, (header, payload) in self._early.items():  # in order of arrival
+            if key[4] and key[1] == group and key[3] == tag and key[2] == expected(key[0]):
+                del self._early[key]
+                taken(key[0])
+                self._deliver(Posted(key, view, check, fut), header, payload)
+                return fut
+        self._any.setdefault((group, tag), []).append(
+            AnyPosted(group, tag, view, check, fut, expected, taken))
+        return fut
+
+    def peek(self, group: int, tag: int, src: int | None,
+             expected: Callable[[int], int]) -> Header | None:
+        """The header of the message a receive from ``src`` (None: any sender) with
+        ``tag`` would take now, if it has arrived whole; nothing is consumed."""
+        for key, (header, _) in self._early.items():
+            if key[4] and key[1] == group and key[3] == tag and \
+                    (src is None or key[0] == src) and key[2] == expected(key[0]):
+                return header
+        return None
+
+    def next_arrival(self) -> asyncio.Future:
+        """A future done when the next message that no receive took arrives whole."""
+        fut = asyncio.get_running_loop().create_future()
+        self._arrivals.append(fut)
+        return fut
+
+    def cancel_any(self, fut: asyncio.Future) -> None:
+        """Forget a receive from any sender (abandoned)."""
+        for key, waiters in list(self._any.items()):
+            self._any[key] = [w for w in waiters if w.future is not fut]
+            if not self._any[key]:
+                del self._any[key]
+        if not fut.done():
+            fut.cancel()
+
+    def _any_for(self, header: Header) -> Posted | None:
+        """The receive from any sender that an arriving message goes to, if one waits."""
+        waiters = self._any.get((header.group, header.tag))
+        if not waiters or header.kind != Kind.P2P or \
+                header.seq != waiters[0].expected(header.src):
+            return None
+        w = waiters.pop(0)
+        if not waiters:
+            del self._any[(header.group, header.tag)]
+        w.taken(header.src)
+        return Posted(frame_key(header), w.view, w.check, w.future)
 
     def cancel(self, key: Key) -> None:
         """Forget a posted receive (its collective failed or was abandoned)."""
@@ -97,6 +167,8 @@ class Mailbox:
         :data:`REJECTED` is returned: the caller must read and drop the payload.
         """
         p = self._posted.pop(frame_key(header), None)
+        if p is None and self._any:
+            p = self._any_for(header)
         if p is None:
             return None
         err = p.check(header)
@@ -105,7 +177,7 @@ class Mailbox:
                 f"frame of {header.nbytes} bytes for a {p.view.nbytes}-byte receive")
         if err is not None:
             if not p.future.done():
-                p.future.set_exception(err)
+                _fail(p.future, err)
             return REJECTED
         return p
 
@@ -114,6 +186,8 @@ class Mailbox:
         the receive was posted while the payload was being read)."""
         key = frame_key(header)
         posted = self._posted.pop(key, None)
+        if posted is None and self._any and key[4]:
+            posted = self._any_for(header)
         if posted is not None:
             self._deliver(posted, header, payload)
             return
@@ -121,6 +195,11 @@ class Mailbox:
         if check is None and not key[4] and self.on_unexpected(header):
             return
         self._early[key] = (header, payload)
+        if key[4] and self._arrivals:
+            arrivals, self._arrivals = self._arrivals, []
+            for fut in arrivals:
+                if not fut.done():
+                    fut.set_result(None)
         if check is not None:
             err = check(header)
             if err is not None:
@@ -132,7 +211,7 @@ class Mailbox:
         for key in [k for k in self._posted if k[0] == src]:
             p = self._posted.pop(key)
             if not p.future.done():
-                p.future.set_exception(exc)
+                _fail(p.future, exc)
 
     def fail_group(self, group: int, seq: int | None, exc: Exception) -> None:
         """Fail the receives of one collective (or of every collective) of a group."""
@@ -140,7 +219,7 @@ class Mailbox:
                     if k[1] == group and (seq is None or k[2] == seq) and not k[4]]:
             p = self._posted.pop(key)
             if not p.future.done():
-                p.future.set_exception(exc)
+                _fail(p.future, exc)
 
     def drop_early(self, group: int, seq: int) -> list[Header]:
         """Forget frames of a collective that will never be received; return their
@@ -153,15 +232,25 @@ class Mailbox:
 
     @staticmethod
     def _deliver(p: Posted, header: Header, payload: bytearray) -> None:
+        if p.future.done():  # abandoned meanwhile
+            return
         err = p.check(header)
         if err is None and p.view is not None and len(payload) != p.view.nbytes:
             err = CollectiveMismatchError(
                 f"frame of {len(payload)} bytes for a {p.view.nbytes}-byte receive")
         if err is not None:
-            p.future.set_exception(err)
+            _fail(p.future, err)
             return
         if p.view is None:
             p.future.set_result((header, bytes(payload)))
             return
         p.view[:] = payload
         p.future.set_result(header)
+
+
+def _fail(fut: asyncio.Future, exc: BaseException) -> None:
+    """Fail a receive's future. Its call may already have been ended another way (its
+    task cancelled by the engine), so the error counts as seen: asyncio does not report
+    it as lost."""
+    fut.set_exception(exc)
+    fut.exception()

@@ -55,6 +55,15 @@ def test_a_rank_that_dies_before_init_is_named_at_once(tmp_path):
     assert all("LOST [2]" in line for line in lost), lost
 
 
+def test_shared_memory_calls_back_to_back_stay_exact():
+    """Five ranks on two cores: the fast ones start the next call while the slow ones
+    still copy out of the segment (this once overwrote the tail of a broadcast)."""
+    with Job(5, SCRIPTS / "shm_back_to_back.py") as job:
+        rc = job.wait(100)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    assert job.out.count("SHM BACK TO BACK OK") == 5
+
+
 def test_orphaned_segment_names_are_swept_and_live_ones_kept():
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()

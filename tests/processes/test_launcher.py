@@ -153,6 +153,13 @@ def test_every_public_function_through_minidist_aio():
     assert job.out.count("AIO EVERY CALL OK") == 4
 
 
+def test_receive_from_any_source_in_arrival_order():
+    with Job(16, SCRIPTS / "any_source.py") as job:
+        rc = job.wait(90)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    assert "ANY SOURCE OK" in job.out
+
+
 def test_minidist_aio_names_match_minidist():
     import inspect
 

@@ -102,6 +102,18 @@ async def main() -> None:
         assert (got == np.arange(3.0)).all()
         assert await dist.recv_object(peer) == {"from": peer}
 
+    # from any source: the sender is what recv returns (and what the handle gives)
+    if rank == 0:
+        got = sorted([await dist.recv(np.zeros(1), src=None, tag=11) for _ in range(3)])
+        assert got == [1, 2, 3], got
+        obj, who = await dist.irecv_object(src=None, tag=12)
+        assert (obj, who) == ("hi", 2)
+    else:
+        await dist.send(np.ones(1), 0, tag=11)
+        if rank == 2:
+            await dist.isend_object("hi", 0, tag=12)
+    assert await dist.iprobe(None, tag=13) is None
+
     assert await dist.broadcast_object({"k": rank} if rank == 2 else None, src=2) == {"k": 2}
     assert await dist.all_gather_object(rank * rank) == [0, 1, 4, 9]
     got = await dist.gather_object(f"r{rank}", dst=1)

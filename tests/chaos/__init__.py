@@ -1,0 +1,1 @@
+"""Chaos scenarios: ranks killed, stopped, leaving, disagreeing, and strangers on the node."""
