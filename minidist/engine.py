@@ -291,6 +291,8 @@ class Engine:
         group is unusable from now on (every later call on it raises at once)."""
         gid, seq = body["group"], body["seq"]
         exc = _abort_error(body)
+        log.info("rank %s aborted call #%d of group %#x: %s", body.get("by"), seq, gid,
+                 body["reason"])
         self.broken.setdefault(gid, exc)
         for a in list(self._active):
             if a.call is not None and a.call.group.id == gid:

@@ -29,6 +29,12 @@ def algorithm_overrides(env: Mapping[str, str], collectives: list[str]) -> dict[
             if env.get(f"MINIDIST_ALGO_{c.upper()}")}
 
 
+def algorithm_modules(env: Mapping[str, str]) -> list[str]:
+    """``MINIDIST_ALGO_MODULE``: modules of algorithms of your own that every rank imports
+    at init (comma-separated; empty for none)."""
+    return [m.strip() for m in env.get("MINIDIST_ALGO_MODULE", "").split(",") if m.strip()]
+
+
 def shared_memory_allowed(env: Mapping[str, str]) -> bool:
     """False with ``MINIDIST_SHM=0``: no shared-memory algorithms."""
     return env.get("MINIDIST_SHM", "1") != "0"
@@ -52,6 +58,13 @@ def calibration_file(env: Mapping[str, str], home: str) -> str:
 def start_method(env: Mapping[str, str]) -> str:
     """``MINIDIST_START_METHOD`` for ``minidist run``: ``fork`` (default) or ``spawn``."""
     return env.get("MINIDIST_START_METHOD", "fork")
+
+
+def log_level(env: Mapping[str, str]) -> str | None:
+    """``MINIDIST_LOG_LEVEL`` (``DEBUG``, ``INFO``, ``WARNING``, ...): where minidist's own
+    log messages start to be printed to stderr; unset leaves logging to the program."""
+    v = env.get("MINIDIST_LOG_LEVEL", "").strip().upper()
+    return v or None
 
 
 def given_secret(env: Mapping[str, str]) -> str | None:

@@ -472,7 +472,10 @@ def _run_target(opts: RunOptions, env: dict[str, str]) -> int:
 
 def run(opts: RunOptions) -> int:
     """Run a job with the given options; return its exit code."""
+    from .startup import configure_logging
+
     launcher = Launcher(opts)
     launcher.start_ranks()
+    configure_logging("launcher")
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(launcher.run())

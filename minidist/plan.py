@@ -8,6 +8,7 @@ checked here, before anything is numbered or sent.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +21,8 @@ from .algorithms.schedule import Schedule
 from .errors import NotInGroupError
 from .group import NON_GROUP_MEMBER, WORLD_ID, Group, group_id
 from .ops import ReduceOp
+
+log = logging.getLogger("minidist.plan")
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +287,9 @@ class Planner:
                 self._plans.clear()
             self._plans[key] = plan
         name, index, digest, sched, code = plan
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s on %r: %s (%d elements of %s)", kind.name.lower(), g, name, count,
+                      flat.dtype)
         call = Call(kind, g, self._number(g), code, int(op), index, name, root, count,
                     digest)
         return Prepared(call, sched, bufs, op, copied, finish)

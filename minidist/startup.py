@@ -8,13 +8,35 @@ from torch's store, calibration, and the tests (several ranks in one loop).
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 from collections.abc import Callable
 
 from .door import Door
-from .env import LaunchConfig
+from .env import LaunchConfig, log_level
 from .rendezvous.server import RendezvousServer
 from .runtime import Runtime
 from .session import Session
+
+log = logging.getLogger("minidist.startup")
+
+
+def configure_logging(who: str) -> None:
+    """With ``MINIDIST_LOG_LEVEL`` set, print minidist's log messages from that level up
+    to stderr, each line naming ``who`` ("rank 3", "launcher"); once per process."""
+    level = log_level(os.environ)
+    root = logging.getLogger("minidist")
+    if level is None or getattr(root, "_minidist_handler", False):
+        return
+    if level not in logging.getLevelNamesMapping():
+        raise ValueError(f"MINIDIST_LOG_LEVEL={level!r} is not a logging level (DEBUG, "
+                         "INFO, WARNING, ERROR)")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(
+        f"%(asctime)s minidist {who} %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level)
+    root._minidist_handler = True  # type: ignore[attr-defined]
 
 
 async def join(cfg: LaunchConfig, timeout: float,
@@ -22,6 +44,7 @@ async def join(cfg: LaunchConfig, timeout: float,
     """A session of this rank on the running loop, joined to its job (the welcome has
     come). ``server``: a rendezvous this process already runs, closed with the session
     once the other ranks have left. On failure, everything opened is closed again."""
+    configure_logging(f"rank {cfg.rank}")
     session = Session(cfg, timeout)
     session.server = server
     try:
@@ -29,6 +52,8 @@ async def join(cfg: LaunchConfig, timeout: float,
     except BaseException:
         await session.close(graceful=False)
         raise
+    log.info("rank %d of %d joined the job (launcher: %s)", cfg.rank, cfg.world_size,
+             cfg.launcher)
     return session
 
 

@@ -201,6 +201,7 @@ class RendezvousServer(Acceptor):
         if rank in self.lost or rank in self.left:
             return
         self.lost[rank] = reason
+        log.info("rank %d died: %s", rank, reason)
         if not self._welcomed:
             for c in list(self._clients.values()):
                 c.send({"t": "error", "msg": f"rank {rank} died before every rank joined "
@@ -232,6 +233,7 @@ class RendezvousServer(Acceptor):
         """``rank`` left normally: tell the ranks still at work, a batch at a time (at the
         end of a job every rank leaves at once)."""
         self.left.add(rank)
+        log.debug("rank %d left", rank)
         self._departing.append(rank)
         if self._departures is None and not self._closed:
             self._departures = asyncio.get_running_loop().call_later(
@@ -428,6 +430,7 @@ class RendezvousServer(Acceptor):
 
     def _welcome(self) -> None:
         self._welcomed = True
+        log.info("all %d ranks joined; the job starts", self.world_size)
         node_index: dict[str, int] = {}
         nodes = []
         for r in range(self.world_size):

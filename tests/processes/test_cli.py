@@ -59,3 +59,14 @@ def test_a_failed_job_ends_with_the_first_failure(tmp_path):
     assert "rank 5" in last[0] and "exit code 1" in last[0], last
     assert last[1].endswith("rank 5: ValueError: boom"), last
     assert "0-4,6-15" in last[2], last
+
+
+def test_log_level_shows_the_chosen_algorithm(tmp_path):
+    script = tmp_path / "one.py"
+    script.write_text("import numpy as np, minidist\nminidist.init()\n"
+                      "minidist.all_reduce(np.ones(3))\n")
+    r = run("-n", "2", str(script), env=clean_env(MINIDIST_LOG_LEVEL="debug"))
+    assert r.returncode == 0, r.stderr
+    assert "minidist rank 1 DEBUG minidist.plan: all_reduce on" in r.stdout + r.stderr
+    quiet = run("-n", "2", str(script))
+    assert "DEBUG" not in quiet.stdout + quiet.stderr
