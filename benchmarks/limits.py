@@ -1,7 +1,7 @@
 """The physical limits of this machine, for reading ``minidist bench`` tables against.
 
 * memcpy: ``np.copyto(dst, src)`` and ``np.add(a, b, out=a)`` of 64 MiB float32 on one
-  core (GB/s = bytes of one operand / time, as the DESIGN's table counts them);
+  core (GB/s = bytes of one operand / time);
 * stream: one Unix-socket stream and one TCP loopback stream between two processes
   (a forked sender ``sendall``s a preallocated buffer, the receiver ``recv_into``s a
   preallocated buffer: the best a socket ring step can do);

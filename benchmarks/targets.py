@@ -1,6 +1,6 @@
 """The speed targets, each measured ``--repeat`` times, with the spread and a verdict.
 
-Targets (docs/performance_speed.md), all against torch's gloo on this node:
+Targets, all against torch's gloo on this node:
 
 * all_reduce float32 busbw >= 2x gloo at 16 MiB and 64 MiB, n = 2, 4, 8;
 * all_reduce latency <= gloo at 4 B and 1 KiB, n = 2, 4, 8;

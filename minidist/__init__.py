@@ -4,8 +4,6 @@ One listening TCP port per node, Unix domain sockets between the processes of a 
 ring and tree algorithms on numpy arrays. ``import minidist`` needs numpy only.
 """
 
-from importlib import metadata as _metadata
-
 from .api import (
     Store,
     all_gather,
@@ -59,10 +57,18 @@ from .group import Group, GroupMember
 from .ops import ReduceOp
 from .work import Work
 
-try:
-    __version__ = _metadata.version("minidist")
-except _metadata.PackageNotFoundError:  # run from a source tree that is not installed
-    __version__ = "0+unknown"
+
+def __getattr__(name: str) -> str:
+    # the version comes from the installed package's metadata, read on first use:
+    # importlib.metadata costs every rank a few MiB it would not otherwise need
+    if name == "__version__":
+        from importlib import metadata
+
+        try:
+            return metadata.version("minidist")
+        except metadata.PackageNotFoundError:  # a source tree that is not installed
+            return "0+unknown"
+    raise AttributeError(f"module 'minidist' has no attribute {name!r}")
 
 __all__ = [
     "init", "destroy", "is_initialized", "get_rank", "get_world_size", "get_local_rank",

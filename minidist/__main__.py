@@ -33,6 +33,9 @@ def _run_parser(sub) -> None:
     p.add_argument("-x", dest="export", action="append", default=[], metavar="VAR[=VALUE]",
                    help="set VAR in every rank's environment (to VALUE, or to its value "
                    "here), as mpirun's -x; repeatable")
+    p.add_argument("--algo-module", dest="algo_modules", action="append", default=[],
+                   metavar="MODULE", help="a module of your own algorithms, imported by every "
+                   "rank (sets MINIDIST_ALGO_MODULE); repeatable")
     p.add_argument("--log-dir", "--log_dir", dest="log_dir", default=None,
                    help="also write each rank's output to DIR/rank<K>.log")
     p.add_argument("--version", action="version", version=_version())
@@ -69,6 +72,14 @@ def _exports(specs: list[str]) -> dict[str, str]:
     return out
 
 
+def _run_env(a: argparse.Namespace) -> dict[str, str]:
+    env = _exports(a.export)
+    if a.algo_modules:
+        env["MINIDIST_ALGO_MODULE"] = ",".join(
+            [*filter(None, [os.environ.get("MINIDIST_ALGO_MODULE", "")]), *a.algo_modules])
+    return env
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="minidist", description="minidist run -n N script.py [args...] starts a job; "
@@ -87,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
                          "default ~/.cache/minidist/calibration.json).")
     cal.add_argument("--quick", action="store_true", help="a rougher, faster measurement")
     cal.add_argument("--no-save", action="store_true", help="print only")
+    from .algo_cli import add_parser as _algo_parser
+
+    _algo_parser(sub)
     a = parser.parse_args(argv)
     if a.command == "run":
         from .launcher import RunOptions, run
@@ -99,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                                   nnodes=a.nnodes, node_rank=a.node_rank,
                                   master_addr=a.master_addr, master_port=a.master_port,
                                   grace=a.grace, prefix=not a.no_prefix,
-                                  env=_exports(a.export), log_dir=a.log_dir))
+                                  env=_run_env(a), log_dir=a.log_dir))
         except (OSError, ValueError) as e:  # a taken port, a bad option: one clear line
             print(f"minidist run: {e}", file=sys.stderr)
             return 1
@@ -109,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench.cli import run_bench
 
         return run_bench(a)
+    if a.command == "algo":
+        from .algo_cli import run as run_algo
+
+        return run_algo(a)
     parser.error(f"unknown command {a.command}")
     return 2
 

@@ -61,11 +61,29 @@ async def _time(sessions, algorithm: str, nbytes: int, reps: int) -> float:
         await asyncio.gather(*(s.execute(p) for s, p in zip(sessions, preps)))
 
     await once()
-    start = time.perf_counter()
+    times = []
     for _ in range(reps):
+        start = time.perf_counter()
         await once()
-    # both ranks share this one thread: a rank's own share is half
-    return (time.perf_counter() - start) / reps / 2
+        times.append(time.perf_counter() - start)
+    # both ranks share this one thread: a rank's own share is half. The median ignores
+    # the calls that a busy machine interrupted (a mean of a few calls does not).
+    return float(np.median(times)) / 2
+
+
+def _memory(nbytes: int, reps: int) -> tuple[float, float]:
+    """(gamma, delta): seconds per byte reduced (``np.add``) and copied, best of reps."""
+    a = np.ones(max(1, nbytes // 4), np.float32)
+    b, out = a.copy(), np.empty_like(a)
+    best_add = best_copy = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        np.add(a, b, out=out)
+        best_add = min(best_add, time.perf_counter() - start)
+        start = time.perf_counter()
+        np.copyto(out, a)
+        best_copy = min(best_copy, time.perf_counter() - start)
+    return best_add / a.nbytes, best_copy / a.nbytes
 
 
 async def _measure(quick: bool) -> Costs:
@@ -76,14 +94,22 @@ async def _measure(quick: bool) -> Costs:
     sessions = await join_all([LaunchConfig(r, 2, r, 2, "127.0.0.1", 0, secret, r == 0,
                                             "calibrate") for r in range(2)], 30.0)
     try:
-        big = (1 << 20) if quick else (16 << 20)
-        reps_small, reps_big = (20, 2) if quick else (200, 5)
-        out = {}
+        # The large size must dwarf the small one's noise: at 1 MiB the shared-memory
+        # path costs barely more than at 8 bytes (the same two barrier rounds), so a
+        # few interrupted calls made the difference negative (beta_m was 1e-12).
+        big = (4 << 20) if quick else (16 << 20)
+        reps_small, reps_big = (30, 5) if quick else (200, 7)
+        gamma, delta = _memory(big, 5)
+        out = {"gamma": gamma, "delta": delta}
         for name, alg in (("s", "recursive_doubling"), ("m", "shared_memory")):
             small = await _time(sessions, alg, 8, reps_small)
             large = await _time(sessions, alg, big, reps_big)
+            slope = (large - small) / big
             out[f"alpha_{name}"] = small
-            out[f"beta_{name}"] = max(1e-12, (large - small) / big)
+            if name == "s":  # each byte is sent once and reduced once: beta_s is the first
+                out["beta_s"] = max(2 * delta, slope - gamma)  # at least two copies
+            else:  # per byte of the vector, a rank copies 1.5 and reduces 0.5 (n = 2)
+                out["beta_m"] = max(1.5 * delta + 0.5 * gamma, slope)
         return Costs(**out, cores=os.cpu_count() or 1)
     finally:
         await asyncio.gather(*(s.close() for s in sessions[1:]))

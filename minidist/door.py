@@ -125,7 +125,8 @@ class Door:
         message written whole)."""
         s, loop = self._session, self.runtime.loop if self.runtime else None
         if isinstance(item, Prepared):
-            if loop is not None and item.call is not None and not item.schedule.shared_tmp:
+            if loop is not None and item.call is not None and item.fast < 0 and \
+                    not item.schedule.shared_tmp:
                 item.sent = s.engine.send_first(item.call, item.schedule, item.bufs, loop)
             return False
         return item.sending and loop is not None and s.engine.send_p2p_now(item, loop)
@@ -140,6 +141,9 @@ class Door:
     def wait(self, item: Planned) -> Any:
         """Start ``item`` and block until it is done (a received object's bytes, else
         None); its DistError raises here."""
+        if isinstance(item, Prepared) and item.fast >= 0:  # no loop at all
+            self._session.fast_blocking(item, self._blocking())
+            return None
         if self._start(item):
             return None
         return self._blocking().call(self._finish(item))

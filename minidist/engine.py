@@ -335,12 +335,19 @@ class Engine:
         if tell:
             self._broadcast_abort(call, exc)
 
-    def _refusal(self, call: Call) -> DistError | None:
-        """Why a collective cannot even start, or None."""
+    def fast_failed(self, call: Call, exc: DistError) -> None:
+        """A fast call (run on another thread) failed on this rank: as for any call, its
+        group is unusable and the other ranks hear of it."""
+        self._done((call.group.id, call.seq), None)
+        self._break(call, exc, tell=True)
+
+    def _refusal(self, call: Call, consume: bool = True) -> DistError | None:
+        """Why a collective cannot even start (or go on), or None. Without ``consume``
+        nothing is changed (safe to call from another thread)."""
         g = call.group
         if self.rendezvous_lost is not None:
             return self._no_rendezvous(call.name)
-        aborted = self._aborted.pop((g.id, call.seq), None)
+        aborted = (self._aborted.pop if consume else self._aborted.get)((g.id, call.seq), None)
         if aborted is not None:
             return aborted
         broken = self.broken.get(g.id)

@@ -40,6 +40,11 @@ def shared_memory_allowed(env: Mapping[str, str]) -> bool:
     return env.get("MINIDIST_SHM", "1") != "0"
 
 
+def fast_path_allowed(env: Mapping[str, str]) -> bool:
+    """False with ``MINIDIST_FASTPATH=0``: small calls on one node go through sockets."""
+    return env.get("MINIDIST_FASTPATH", "1") != "0"
+
+
 def uvloop_allowed(env: Mapping[str, str]) -> bool:
     """False with ``MINIDIST_UVLOOP=0``: the standard asyncio loop even with uvloop."""
     return env.get("MINIDIST_UVLOOP", "1") != "0"

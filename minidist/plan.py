@@ -64,7 +64,8 @@ class Call:
         if root >= 0:
             parts.append(f"root={root}")
         if kind != wire.Kind.P2P:
-            algo_name = algorithms.name_of(name, algo)
+            algo_name = self.algorithm_name if h is None and algo == FAST_INDEX \
+                else algorithms.name_of(name, algo)
             parts.append(f"algorithm={algo_name!r}" if algo_name is not None
                          else f"an algorithm not registered here (wire index {algo})")
         return f"{name}({', '.join(parts)})"
@@ -81,11 +82,15 @@ class Prepared:
     user: np.ndarray | None = None  # the caller's array when ``bufs`` hold a copy
     finish: bool = False
     sent: frozenset[int] = frozenset()  # first-step sends done from the caller's thread
+    fast: int = -1  # a fast call (minidist.fastpath): its number among the group's, else -1
 
 
 P2P_TAG_LIMIT = 1 << 31  # tags from 2**31 up are minidist's own
 SHM_TAG = P2P_TAG_LIMIT + 1  # setting up a group's shared-memory segment
 SHM_BROADCAST_MIN_BYTES = 256 * 1024
+FAST_TAG = P2P_TAG_LIMIT + 2  # setting up a group's fast slots
+FAST_INDEX = 254  # the "algorithm" of a fast call (no frames carry it)
+FAST_KINDS = (wire.Kind.ALL_REDUCE, wire.Kind.BROADCAST, wire.Kind.BARRIER)
 PLAN_CACHE = 4096  # calls whose algorithm and schedule a session remembers
 
 
@@ -126,6 +131,10 @@ class Planner:
         self._forced = forced
         self._group_counts: dict[tuple[int, ...], int] = {}
         self._plans: dict[tuple, tuple] = {}
+        self.fast_bytes = 0  # calls up to this size take the fast path (0: never)
+        self.fast_ranks = 0  # ... on groups of at most this many ranks
+        self._fast_calls: dict[int, int] = {}
+        self._digests: dict[tuple[int, ...], int] = {}
         self._layouts: dict[int, tuple[int, ...]] = {}
 
     def set_nodes(self, nodes: list[int]) -> None:
@@ -279,6 +288,12 @@ class Planner:
                 np.copyto(flat, inp)
             return Prepared(None, None, bufs, op, copied, finish)
         shape = user.shape if shape is None else shape
+        if (kind in FAST_KINDS and algorithm is None and count * flat.itemsize <=
+                self.fast_bytes and g.size <= self.fast_ranks
+                and kind.name.lower() not in self._forced
+                and (self._one_node or len(set(self._layout(g))) == 1)):
+            return self._prepare_fast(kind, g, user, flat, bufs, op, root, count, shape,
+                                      copied, finish)
         key = (kind, g.id, flat.dtype, count, bufs["in"].size, shape, root, algorithm)
         plan = self._plans.get(key)
         if plan is None:
@@ -293,6 +308,24 @@ class Planner:
         call = Call(kind, g, self._number(g), code, int(op), index, name, root, count,
                     digest)
         return Prepared(call, sched, bufs, op, copied, finish)
+
+    def _prepare_fast(self, kind: wire.Kind, g: Group, user: np.ndarray, flat: np.ndarray,
+                      bufs: dict[str, np.ndarray], op: ReduceOp, root: int, count: int,
+                      shape: tuple[int, ...], copied: np.ndarray | None,
+                      finish: bool) -> Prepared:
+        """A small call on one node: through the group's shared slots, by the caller's
+        thread (:mod:`minidist.fastpath`), numbered among the group's fast calls."""
+        digest = self._digests.get(shape)
+        if digest is None:
+            digest = self._digests[shape] = wire.shape_digest(shape)
+        f = self._fast_calls.get(g.id, 0)
+        self._fast_calls[g.id] = f + 1
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s on %r: shared_slots (%d elements of %s)", kind.name.lower(), g,
+                      count, flat.dtype)
+        call = Call(kind, g, self._number(g), ops.dtype_code(flat.dtype), int(op),
+                    FAST_INDEX, "shared_slots", root, count, digest)
+        return Prepared(call, None, bufs, op, copied, finish, fast=f)
 
     def _plan(self, kind: wire.Kind, g: Group, flat: np.ndarray, inp: np.ndarray,
               count: int, shape: tuple[int, ...], root: int, algorithm: str | None):

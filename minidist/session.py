@@ -10,18 +10,21 @@ here runs on the session's loop.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
+import threading
+import time
 
 import numpy as np
 
-from . import algorithms, calibrate, env, ops, segments
+from . import algorithms, calibrate, env, fastpath, ops, segments, wire
 from .algorithms import shm as shm_algorithm
 from .engine import Engine
 from .env import LaunchConfig
-from .errors import DistError, PeerLostError, RendezvousError
+from .errors import DistError, DistTimeoutError, PeerLostError, RendezvousError
 from .group import Group
-from .plan import P2P, SHM_TAG, Planner, Prepared
+from .plan import FAST_TAG, P2P, SHM_TAG, Planner, Prepared
 from .rendezvous.agent import NodeAgent
 from .rendezvous.client import RendezvousClient
 from .rendezvous.server import RendezvousServer
@@ -54,6 +57,15 @@ class Session:
             segments.available() and env.shared_memory_allowed(os.environ),
             calibrate.load(), forced)
         self.world = self.plan.world
+        if fastpath.available() and segments.available() and env.fast_path_allowed(os.environ):
+            self.plan.fast_bytes = fastpath.SLOT_BYTES
+            self.plan.fast_ranks = fastpath.MAX_RANKS
+        self._fast: dict[int, fastpath.Slots] = {}
+        self._fast_maps: list[object] = []
+        self._fast_turn: dict[int, int] = {}  # per group: the fast call whose turn it is
+        self._fast_cond = threading.Condition()
+        self._fast_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._fast_setups: dict[int, asyncio.Future] = {}
         self._segments: dict[int, object] = {}
         self._pool: dict[tuple[np.dtype, int], list[np.ndarray]] = {}
         self._shm_locks: dict[int, asyncio.Lock] = {}
@@ -115,10 +127,14 @@ class Session:
     async def close(self, graceful: bool = True) -> None:
         """Leave the job and close every socket. A hosted rendezvous first waits (up to
         the timeout) for the other ranks to leave."""
-        for seg in self._segments.values():
+        self._fast.clear()
+        for seg in [*self._segments.values(), *self._fast_maps]:
             with contextlib.suppress(BufferError):
                 seg.close()
         self._segments.clear()
+        self._fast_maps.clear()
+        if self._fast_pool is not None:
+            self._fast_pool.shutdown(wait=False, cancel_futures=True)
         if self.endpoint is not None:
             await self.endpoint.close()
         if self.client is not None:
@@ -215,9 +231,168 @@ class Session:
         if p.call is not None and not p.schedule.shared_tmp:
             p.sent = self.engine.send_first(p.call, p.schedule, p.bufs, loop)
 
+    # ------------------------------------------------------------------ the fast path
+
+    async def fast_setup(self, p: Prepared) -> None:
+        """Map the fast slots of ``p``'s group (on the loop; every member does it at the
+        group's first fast call, ``p``): the first rank creates them and sends their
+        name to the others. A rank that never comes makes it fail as ``p`` would."""
+        g = p.call.group
+        if g.id in self._fast:
+            return
+        pending = self._fast_setups.get(g.id)
+        if pending is not None:  # an earlier call on the group is setting them up
+            await asyncio.shield(pending)
+            return
+        pending = self._fast_setups[g.id] = asyncio.get_running_loop().create_future()
+        pending.add_done_callback(lambda f: f.cancelled() or f.exception())
+        try:
+            await self._fast_setup(p)
+        except BaseException as e:
+            pending.set_exception(e if isinstance(e, Exception) else DistError(str(e)))
+            raise
+        finally:
+            self._fast_setups.pop(g.id, None)
+        pending.set_result(None)
+
+    async def _fast_setup(self, p: Prepared) -> None:
+        g = p.call.group
+        refused = self.engine._refusal(p.call)
+        if refused is not None:
+            raise refused
+        size = fastpath.segment_bytes(g.size)
+        leader = g.ranks[0]
+        key = g.id ^ 0x5A5A5A5A5A5A5A5A  # not the group's other segment's name
+        waiting = [leader]
+        try:
+            if self.rank == leader:
+                name = segments.segment_name(self.job, key, os.getpid())
+                seg = segments.create(name, size)
+                try:
+                    for r in g.ranks[1:]:
+                        await self.send(self.plan.prepare_send(name.encode(), r, FAST_TAG, g,
+                                                               is_object=True, internal=True))
+                    waiting = list(g.ranks[1:])
+                    for r in g.ranks[1:]:
+                        await self.recv(self.plan.prepare_recv(None, r, FAST_TAG, g,
+                                                               internal=True))
+                        waiting.remove(r)
+                finally:
+                    segments.unlink(name)
+            else:
+                name = (await self.recv(self.plan.prepare_recv(None, leader, FAST_TAG, g,
+                                                               internal=True))).decode()
+                try:
+                    seg = segments.attach(name, size)
+                except FileNotFoundError:
+                    raise self.engine._refusal(p.call) or DistError(
+                        f"{p.call.name} on {g!r} failed on rank {self.rank}: rank "
+                        f"{leader} abandoned the set-up of its shared slots") from None
+                await self.send(self.plan.prepare_send(b"ok", leader, FAST_TAG, g,
+                                                       is_object=True, internal=True))
+        except DistTimeoutError:
+            call = p.call
+            raise DistTimeoutError(
+                f"{call.name} on {g!r} (call #{call.seq}) timed out after "
+                f"{self.timeout_of(g):g} s on rank {self.rank}; ranks that never arrived: "
+                f"{waiting}", collective=call.name, group=g, missing=waiting) from None
+        self._fast_maps.append(seg)
+        self._fast[g.id] = fastpath.Slots(seg, g, g.rank_of(self.rank))
+
+    def run_fast(self, p: Prepared, loop: asyncio.AbstractEventLoop) -> None:
+        """Run a fast call on this thread (never the loop's): the group's fast calls run
+        one at a time, in the order they were planned."""
+        call = p.call
+        g = call.group
+        engine = self.engine
+        deadline = time.monotonic() + self.timeout_of(g)
+        with self._fast_cond:
+            if not self._fast_cond.wait_for(lambda: self._fast_turn.get(g.id, 0) == p.fast,
+                                            max(0.0, deadline - time.monotonic())):
+                raise DistTimeoutError(f"{call.name} on {g!r} (call #{call.seq}) timed out "
+                                       "behind this rank's earlier calls on the group",
+                                       collective=call.name, group=g)
+        try:
+            refused = engine._refusal(call, consume=False)
+            if refused is not None:
+                raise refused
+            out = p.bufs["out"]
+            if call.kind == wire.Kind.BROADCAST:
+                src = out if call.root == self.rank else out[:0]
+            elif call.kind == wire.Kind.ALL_REDUCE:
+                src = p.bufs["in"]
+            else:
+                src = out[:0]
+            self._fast[g.id].run(
+                p.fast, call, out, src, p.op, deadline,
+                lambda r: self._fast_refusal(g, r),
+                lambda: engine._refusal(call, consume=False),
+                lambda: loop.call_soon_threadsafe(engine._report_stall, call),
+                lambda waiting: self._fast_timeout(call, waiting, loop))
+            if p.finish:
+                ops.finish(p.op, out, g.size)
+            if p.user is not None:
+                np.copyto(p.user, out.reshape(p.user.shape))
+        except DistError as e:
+            loop.call_soon_threadsafe(engine.fast_failed, call, e)
+            raise
+        finally:
+            with self._fast_cond:
+                self._fast_turn[g.id] = p.fast + 1
+                self._fast_cond.notify_all()
+
+    def _fast_timeout(self, call, waiting: list[int],
+                      loop: asyncio.AbstractEventLoop) -> DistError:
+        """The error of a fast call past its deadline, as the loop's calls make it (the
+        rendezvous says which ranks never arrived)."""
+        timeout = self.timeout_of(call.group)
+        try:
+            return asyncio.run_coroutine_threadsafe(
+                self.engine._timeout_error(call, timeout, set(waiting)), loop).result(10)
+        except Exception:  # noqa: BLE001 - the loop is gone: say what this rank saw
+            return DistTimeoutError(
+                f"{call.name} on {call.group!r} (call #{call.seq}) timed out after "
+                f"{timeout:g} s on rank {self.rank}; still waiting on ranks {waiting}",
+                collective=call.name, group=call.group, missing=waiting)
+
+    def _fast_refusal(self, g: Group, rank: int) -> DistError | None:
+        """Why ``rank`` cannot take part in a fast call on ``g`` any more, as far as this
+        rank knows (read from another thread), or None."""
+        e = self.engine
+        if rank in e.lost:
+            return PeerLostError(f"rank {rank} died ({e.lost[rank]})", ranks=[rank])
+        if rank in e.left:
+            return PeerLostError(f"rank {rank} left the job ({e.left[rank]})", ranks=[rank],
+                                 left=True)
+        return None
+
+    def fast_blocking(self, p: Prepared, runtime) -> None:
+        """A fast call from a blocking caller: set up on the loop if needed, then run on
+        the caller's thread."""
+        if p.call.group.id not in self._fast:
+            try:
+                runtime.call(self.fast_setup(p))
+            except DistError as e:
+                runtime.loop.call_soon_threadsafe(self.engine.fast_failed, p.call, e)
+                raise
+        self.run_fast(p, runtime.loop)
+
     async def execute(self, p: Prepared) -> None:
         """Run a prepared call to the end (DistError subclasses on failure)."""
         out = p.bufs["out"]
+        if p.fast >= 0:  # from the loop (async_op, minidist.aio): on a thread of its own
+            try:
+                await self.fast_setup(p)
+            except DistError as e:
+                self.engine.fast_failed(p.call, e)
+                raise
+            if self._fast_pool is None:
+                # a thread per call in flight: each waits for its turn on its own
+                self._fast_pool = concurrent.futures.ThreadPoolExecutor(
+                    32, thread_name_prefix="minidist-fast")
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._fast_pool, self.run_fast, p, loop)
+            return
         if p.call is not None and p.schedule.shared_tmp:
             g = p.call.group
 

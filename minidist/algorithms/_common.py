@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .schedule import Buf, Comm, Compute, Recv, Reduce, Schedule, Send, Step
 
@@ -133,3 +133,112 @@ def ring_reduce_scatter(
             red = Reduce(dst, dlo, src, clo, "tmp", off, k)
         steps.append(step((send, recv), (red,)))
     return steps, width * min(2, n - 1)
+
+
+def buffer_sizes(collective: str, rank: int, size: int, count: int, root: int = 0
+                 ) -> tuple[int, int]:
+    """(elements of ``"in"``, elements of ``"out"``) that ``rank`` of a collective call
+    gets from the executor; ``count`` as in :func:`minidist.algorithms.make_schedule`.
+
+    all_reduce, broadcast, reduce: (0, count) (in place: only ``"out"``); barrier:
+    (0, 0); all_gather: (count, size*count); reduce_scatter: (size*count, count);
+    gather: (count, size*count on the root, else 0); scatter: (size*count on the root,
+    else 0; count); all_to_all: (size*count, size*count).
+    """
+    n, c = size, count
+    if collective in ("all_reduce", "broadcast", "reduce"):
+        return 0, c
+    if collective == "barrier":
+        return 0, 0
+    if collective == "all_gather":
+        return c, n * c
+    if collective == "reduce_scatter":
+        return n * c, c
+    if collective == "gather":
+        return c, n * c if rank == root else 0
+    if collective == "scatter":
+        return n * c if rank == root else 0, c
+    if collective == "all_to_all":
+        return n * c, n * c
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+def tmp_extent(steps: Iterable[Step]) -> int:
+    """The end of the highest region of ``"tmp"`` that ``steps`` touch."""
+    end = 0
+    for st in steps:
+        for c in st.comms:
+            if c.buf == "tmp":
+                end = max(end, c.hi)
+        for op in st.compute:
+            if isinstance(op, Reduce):
+                regions = ((op.dst, op.dst_lo), (op.a, op.a_lo), (op.b, op.b_lo))
+            else:
+                regions = ((op.dst, op.dst_lo), (op.src, op.src_lo))
+            for buf, lo in regions:
+                if buf == "tmp":
+                    end = max(end, lo + op.n)
+    return end
+
+
+def halving(v: int, p: int, chunks: list[tuple[int, int]], src: tuple[Buf, int],
+            acc: int, recv: int, real: list[int], tag: int,
+            last: Callable[[Buf, int, Buf, int, int, int], list[Reduce]] | None = None
+            ) -> list[Step]:
+    """Recursive-halving reduce-scatter among ``p`` (a power of two) virtual ranks.
+
+    ``chunks[u]`` is the element range virtual rank ``u`` ends up owning (contiguous,
+    in order). This rank (virtual ``v``, group rank ``real[v]``) reads its own vector
+    at ``src`` (buffer, base offset: element ``i`` is at ``base + i``), keeps partial
+    results in ``tmp[acc + i]`` and receives into ``tmp[recv + i]``. Step ``k``
+    exchanges half of the current range with virtual rank ``v ^ (p >> (k + 1))`` (tag
+    ``tag + k``) and reduces the kept half as ``op(lower rank's, higher rank's)``.
+    After the last step chunk ``v`` is fully reduced, in ``tmp[acc:]``, or wherever
+    ``last(a_buf, a_off, b_buf, b_off, lo, hi)`` (the Reduce ops of the last step, for
+    elements ``lo:hi``) puts it.
+    """
+    steps: list[Step] = []
+    clo, chi = 0, p
+    cur: tuple[Buf, int] = src
+    d, k = p >> 1, 0
+    while d >= 1:
+        mid = (clo + chi) // 2
+        partner = v ^ d
+        if v & d:
+            keep, give = (mid, chi), (clo, mid)
+        else:
+            keep, give = (clo, mid), (mid, chi)
+        glo, ghi = chunks[give[0]][0], chunks[give[1] - 1][1]
+        klo, khi = chunks[keep[0]][0], chunks[keep[1] - 1][1]
+        send = Send(real[partner], tag + k, cur[0], cur[1] + glo, cur[1] + ghi)
+        get = Recv(real[partner], tag + k, "tmp", recv + klo, recv + khi)
+        mine: tuple[Buf, int] = (cur[0], cur[1] + klo)
+        theirs: tuple[Buf, int] = ("tmp", recv + klo)
+        a, b = (mine, theirs) if v < partner else (theirs, mine)
+        if d == 1 and last is not None:
+            ops = last(a[0], a[1], b[0], b[1], klo, khi)
+        else:
+            ops = [Reduce("tmp", acc + klo, a[0], a[1], b[0], b[1], khi - klo)]
+        steps.append(step((send, get), ops))
+        cur = ("tmp", acc)
+        clo, chi = keep
+        d, k = d >> 1, k + 1
+    return steps
+
+
+def doubling_gather(v: int, p: int, chunks: list[tuple[int, int]], buf: tuple[Buf, int],
+                    real: list[int], tag: int) -> list[Step]:
+    """Recursive-doubling all-gather among ``p`` (a power of two) virtual ranks: virtual
+    rank ``v`` starts with ``chunks[v]`` at ``buf`` (buffer, base) and ends with every
+    chunk; step ``k`` swaps the aligned blocks of ``2**k`` chunks with ``v ^ 2**k``."""
+    steps: list[Step] = []
+    d, k = 1, 0
+    while d < p:
+        partner = v ^ d
+        mine, theirs = v & ~(d - 1), partner & ~(d - 1)
+        mlo, mhi = chunks[mine][0], chunks[mine + d - 1][1]
+        tlo, thi = chunks[theirs][0], chunks[theirs + d - 1][1]
+        steps.append(step((Send(real[partner], tag + k, buf[0], buf[1] + mlo, buf[1] + mhi),
+                           Recv(real[partner], tag + k, buf[0], buf[1] + tlo, buf[1] + thi))))
+        d, k = d << 1, k + 1
+    return steps

@@ -63,7 +63,20 @@ def recursive_doubling(rank: int, size: int, count: int, root: int = 0) -> Sched
                  in_size=c, out_size=n * c)
 
 
-def _bruck(rank: int, n: int, c: int) -> Schedule:
+def bruck(rank: int, size: int, count: int, root: int = 0) -> Schedule:
+    """Bruck's all_gather for every size: ceil(log2 size) rounds; round ``k`` sends the
+    first ``min(2**k, size - 2**k)`` blocks of a rotated copy in tmp (block ``i`` there
+    is rank ``rank + i``'s) to rank ``rank - 2**k`` and appends those of rank
+    ``rank + 2**k``; a final two-piece copy un-rotates tmp into ``out``. tmp: the whole
+    output. ``root`` is ignored."""
+    if size == 1:
+        return build(COLLECTIVE, "bruck", rank, 1, count,
+                     0, [step((), (Copy("out", 0, "in", 0, count),))],
+                     in_size=count, out_size=count)
+    return _bruck(rank, size, count, "bruck")
+
+
+def _bruck(rank: int, n: int, c: int, name: str = "recursive_doubling") -> Schedule:
     """Bruck all_gather for any size; tmp position i holds the block of rank (rank+i)%n."""
     steps: list[Step] = []
     k, d = 0, 1
@@ -79,5 +92,5 @@ def _bruck(rank: int, n: int, c: int) -> Schedule:
             compute.append(Copy("out", 0, "tmp", head, rank * c))
         steps.append(step((send, recv), compute))
         k, d = k + 1, d * 2
-    return build(COLLECTIVE, "recursive_doubling", rank, n, c, 0, steps,
+    return build(COLLECTIVE, name, rank, n, c, 0, steps,
                  tmp_size=n * c, in_size=c, out_size=n * c)

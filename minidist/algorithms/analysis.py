@@ -14,7 +14,19 @@ BUFFERS = ("in", "out", "tmp")
 
 
 class ScheduleError(ValueError):
-    """A schedule breaks the contract documented in :mod:`minidist.algorithms.schedule`."""
+    """A schedule breaks the contract documented in :mod:`minidist.algorithms.schedule`.
+
+    ``rank`` and ``step`` say where, when known (else None)."""
+
+    def __init__(self, message: str, *, rank: int | None = None,
+                 step: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.step = step
+
+
+def _err(s: Schedule, step: int | None, message: str) -> ScheduleError:
+    return ScheduleError(message, rank=s.rank, step=step)
 
 
 def _sizes(schedule: Schedule) -> dict[str, int]:
@@ -37,22 +49,22 @@ def validate(schedule: Schedule) -> None:
     s = schedule
     where = f"{s.collective}/{s.algorithm} rank {s.rank} of {s.size}"
     if s.size < 1:
-        raise ScheduleError(f"{where}: size must be >= 1")
+        raise _err(s, None, f"{where}: size must be >= 1")
     if not 0 <= s.rank < s.size or not 0 <= s.root < s.size:
-        raise ScheduleError(f"{where}: rank or root {s.root} out of range")
+        raise _err(s, None, f"{where}: rank or root {s.root} out of range")
     if s.count < 0:
-        raise ScheduleError(f"{where}: negative count {s.count}")
+        raise _err(s, None, f"{where}: negative count {s.count}")
     sizes = _sizes(s)
     for name, n in sizes.items():
         if n < 0:
-            raise ScheduleError(f"{where}: negative {name}_size {n}")
+            raise _err(s, None, f"{where}: negative {name}_size {n}")
 
     def region(i: int, op: object, buf: str, lo: int, hi: int) -> None:
         if buf not in sizes:
-            raise ScheduleError(f"{where} step {i}: unknown buffer {buf!r} in {op}")
+            raise _err(s, i, f"{where} step {i}: unknown buffer {buf!r} in {op}")
         if not 0 <= lo <= hi <= sizes[buf]:
-            raise ScheduleError(
-                f"{where} step {i}: {buf}[{lo}:{hi}] out of range (size {sizes[buf]}) in {op}")
+            raise _err(s, i, f"{where} step {i}: {buf}[{lo}:{hi}] out of range "
+                       f"(size {sizes[buf]}) in {op}")
 
     sent: set[tuple[int, int]] = set()
     received: set[tuple[int, int]] = set()
@@ -62,25 +74,27 @@ def validate(schedule: Schedule) -> None:
         spans: list[tuple[str, int, int, bool, object]] = []
         for c in st.comms:
             if not isinstance(c, Send | Recv):
-                raise ScheduleError(f"{where} step {i}: {c!r} is not a Send or Recv")
+                raise _err(s, i, f"{where} step {i}: {c!r} is not a Send or Recv")
             if not 0 <= c.peer < s.size or c.peer == s.rank:
-                raise ScheduleError(f"{where} step {i}: bad peer {c.peer} in {c}")
+                raise _err(s, i, f"{where} step {i}: bad peer {c.peer} in {c}")
+            if not 0 <= c.tag < 1 << 32:
+                raise _err(s, i, f"{where} step {i}: tag {c.tag} outside 0..2**32-1 in {c}")
             region(i, c, c.buf, c.lo, c.hi)
             if isinstance(c, Send):
                 if c.peer in to:
-                    raise ScheduleError(f"{where} step {i}: two Sends to rank {c.peer}")
+                    raise _err(s, i, f"{where} step {i}: two Sends to rank {c.peer}")
                 if (c.peer, c.tag) in sent:
-                    raise ScheduleError(f"{where} step {i}: tag {c.tag} reused to rank {c.peer}")
+                    raise _err(s, i, f"{where} step {i}: tag {c.tag} reused to rank {c.peer}")
                 to.add(c.peer)
                 sent.add((c.peer, c.tag))
             else:
                 if c.buf == "in":
-                    raise ScheduleError(f"{where} step {i}: {c} writes the input buffer")
+                    raise _err(s, i, f"{where} step {i}: {c} writes the input buffer")
                 if c.peer in frm:
-                    raise ScheduleError(f"{where} step {i}: two Recvs from rank {c.peer}")
+                    raise _err(s, i, f"{where} step {i}: two Recvs from rank {c.peer}")
                 if (c.peer, c.tag) in received:
-                    raise ScheduleError(
-                        f"{where} step {i}: tag {c.tag} reused from rank {c.peer}")
+                    raise _err(
+                        s, i, f"{where} step {i}: tag {c.tag} reused from rank {c.peer}")
                 frm.add(c.peer)
                 received.add((c.peer, c.tag))
             if c.hi > c.lo:
@@ -92,8 +106,8 @@ def validate(schedule: Schedule) -> None:
             if buf != prev_buf:
                 prev_buf, max_hi, max_recv_hi = buf, 0, 0
             if lo < (max_hi if is_recv else max_recv_hi):
-                raise ScheduleError(
-                    f"{where} step {i}: {op} overlaps another message's region of {buf!r}")
+                raise _err(s, i, f"{where} step {i}: {op} overlaps another message's "
+                           f"region of {buf!r}")
             max_hi = max(max_hi, hi)
             if is_recv:
                 max_recv_hi = max(max_recv_hi, hi)
@@ -106,21 +120,21 @@ def validate(schedule: Schedule) -> None:
                 for buf, lo in srcs:
                     if (op.n > 0 and buf == op.dst and lo != op.dst_lo
                             and abs(lo - op.dst_lo) < op.n):
-                        raise ScheduleError(
-                            f"{where} step {i}: {op} destination partly overlaps an operand")
+                        raise _err(s, i, f"{where} step {i}: {op} destination partly "
+                                   "overlaps an operand")
                 dst_name = op.dst
             elif isinstance(op, Copy):
                 region(i, op, op.dst, op.dst_lo, op.dst_lo + op.n)
                 region(i, op, op.src, op.src_lo, op.src_lo + op.n)
                 if op.n > 0 and op.src == op.dst and abs(op.src_lo - op.dst_lo) < op.n:
-                    raise ScheduleError(f"{where} step {i}: {op} source and destination overlap")
+                    raise _err(s, i, f"{where} step {i}: {op} source and destination overlap")
                 dst_name = op.dst
             else:
-                raise ScheduleError(f"{where} step {i}: {op!r} is not a Reduce or Copy")
+                raise _err(s, i, f"{where} step {i}: {op!r} is not a Reduce or Copy")
             if op.n < 0:
-                raise ScheduleError(f"{where} step {i}: negative length in {op}")
+                raise _err(s, i, f"{where} step {i}: negative length in {op}")
             if dst_name == "in":
-                raise ScheduleError(f"{where} step {i}: {op} writes the input buffer")
+                raise _err(s, i, f"{where} step {i}: {op} writes the input buffer")
 
 
 def stats(schedule: Schedule, itemsize: int = 1) -> dict[str, int]:

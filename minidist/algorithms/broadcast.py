@@ -6,6 +6,8 @@ In place: only ``"out"`` (never ``"in"``, no tmp). Non-roots receive straight in
 
 from __future__ import annotations
 
+import math
+
 from ._common import build, chunk_bounds, step, subtree_size, tree_children, tree_parent
 from .allreduce import binomial_broadcast_steps
 from .schedule import Recv, Schedule, Send, Step
@@ -67,3 +69,37 @@ def scatter_allgather(rank: int, size: int, count: int, root: int = 0) -> Schedu
             comms.append(Recv(real[left], 1 + s, "out", *bounds[in_chunk]))
         steps.append(step(comms))
     return build(COLLECTIVE, "scatter_allgather", rank, n, count, root, steps, out_size=count)
+
+
+def pipeline_segments(size: int, count: int) -> int:
+    """How many segments the pipelined chain cuts ``count`` elements into: about
+    sqrt((size - 1) * count / 16384), at least 4 (or ``count``), at most ``count``."""
+    if count == 0 or size < 3:
+        return 1
+    best = math.isqrt((size - 1) * count // 16384)
+    return max(min(4, count), min(count, best))
+
+
+def pipeline(rank: int, size: int, count: int, root: int = 0) -> Schedule:
+    """Pipelined chain broadcast: the ranks form a chain from the root (``root``,
+    ``root + 1``, ...) and the vector travels down it in ``S`` segments
+    (:func:`pipeline_segments`); in step ``s`` a rank receives segment ``s`` from its
+    predecessor while it passes segment ``s - 1`` on. ``n - 2 + S`` rounds of ``N / S``
+    bytes: close to ``N`` bytes' time for large vectors however many ranks, but
+    ``n - 1`` hops of latency. Non-roots receive straight into ``out``.
+    """
+    n = size
+    v = (rank - root) % n
+    nxt, prev = (rank + 1) % n, (rank - 1) % n
+    segs = chunk_bounds(count, pipeline_segments(n, count))
+    steps: list[Step] = []
+    for s in range(len(segs) + 1):
+        comms: list = []
+        if v > 0 and s < len(segs):
+            comms.append(Recv(prev, s, "out", *segs[s]))
+        if v < n - 1 and s >= 1 and n > 1:
+            comms.append(Send(nxt, s - 1, "out", *segs[s - 1]))
+        steps.append(step(comms))
+    if v == 0 and n > 1:  # the root sends segment s in step s: no waiting on itself
+        steps = [step((Send(nxt, s, "out", *segs[s]),)) for s in range(len(segs))]
+    return build(COLLECTIVE, "pipeline", rank, n, count, root, steps, out_size=count)

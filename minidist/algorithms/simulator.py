@@ -27,13 +27,21 @@ from .analysis import ScheduleError, stats, validate
 from .schedule import Copy, Recv, Reduce, Schedule, Send, apply_compute
 
 __all__ = [
-    "OutWrite", "SimulationError", "check_out_contract", "first_out_writes", "run",
-    "simulate", "stats",
+    "Failure", "OutWrite", "SimulationError", "VerifyReport", "check_out_contract",
+    "default_counts", "expected", "first_out_writes", "run", "simulate", "stats", "verify",
 ]
 
 
 class SimulationError(RuntimeError):
-    """The schedules cannot run correctly together (or one breaks the contract)."""
+    """The schedules cannot run correctly together (or one breaks the contract).
+
+    ``rank`` and ``step`` name the first place the trouble shows, when known."""
+
+    def __init__(self, message: str, *, rank: int | None = None,
+                 step: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.step = step
 
 
 Combine = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
@@ -51,15 +59,24 @@ def _check_group(schedules: Sequence[Schedule]) -> None:
     for r, s in enumerate(schedules):
         if s.rank != r or s.size != size:
             raise SimulationError(
-                f"schedule {r} is for rank {s.rank} of {s.size}, expected rank {r} of {size}")
+                f"schedule {r} is for rank {s.rank} of {s.size}, expected rank {r} of {size}",
+                rank=r)
         key, want = ((s.collective, s.algorithm, s.count, s.root),
                      (first.collective, first.algorithm, first.count, first.root))
         if key != want:
-            raise SimulationError(f"rank {r} runs {key}, rank 0 runs {want}")
+            raise SimulationError(f"rank {r} runs {key}, rank 0 runs {want}", rank=r)
+        if id(s) in _VALID and _VALID[id(s)] is s:
+            continue
         try:
             validate(s)
         except ScheduleError as e:
-            raise SimulationError(str(e)) from e
+            raise SimulationError(str(e), rank=r, step=e.step) from e
+        if len(_VALID) >= 65536:
+            _VALID.clear()
+        _VALID[id(s)] = s
+
+
+_VALID: dict[int, Schedule] = {}  # schedules already validated (kept alive, so ids hold)
 
 
 def _execute(
@@ -82,7 +99,8 @@ def _execute(
             have = buffers[r].get(name)
             if need and (have is None or len(have) < need):
                 got = "none" if have is None else len(have)
-                raise SimulationError(f"rank {r}: buffer {name!r} needs {need} elements, got {got}")
+                raise SimulationError(
+                    f"rank {r}: buffer {name!r} needs {need} elements, got {got}", rank=r)
 
     pc = [0] * size  # current step of each rank
     entered = [False] * size  # whether the current step's sends are posted
@@ -108,7 +126,8 @@ def _execute(
                             key = (r, c.peer, c.tag)
                             if key in used:
                                 raise SimulationError(
-                                    f"{where(r)}: second message to rank {c.peer} with tag {c.tag}")
+                                    f"{where(r)}: second message to rank {c.peer} with tag "
+                                    f"{c.tag}", rank=r, step=pc[r])
                             used.add(key)
                             mailbox[key] = (np.array(bufs[c.buf][c.lo:c.hi], copy=True), c, pc[r])
                             if on_send is not None:
@@ -127,7 +146,8 @@ def _execute(
                     if len(data) != c.hi - c.lo:
                         raise SimulationError(
                             f"length mismatch: rank {peer} step {send_step} {send} sends "
-                            f"{len(data)} elements, {where(r)} {c} expects {c.hi - c.lo}")
+                            f"{len(data)} elements, {where(r)} {c} expects {c.hi - c.lo}",
+                            rank=r, step=pc[r])
                     if on_recv is not None:
                         on_recv(r, pc[r], c, data)
                     bufs[c.buf][c.lo:c.hi] = data
@@ -147,17 +167,22 @@ def _execute(
             break
         if not progress:
             lines = []
+            stuck = None
             for r in range(size):
                 if pc[r] == len(schedules[r].steps):
                     continue
+                stuck = r if stuck is None else stuck
                 recvs = ", ".join(f"from {p} tag {t}" for p, t in sorted(waiting[r]))
                 sends = ", ".join(f"to {d} tag {t}" for _, d, t in sorted(unsent[r]))
                 lines.append(f"  {where(r)}: waiting for recv [{recvs}] send [{sends}]")
-            raise SimulationError("deadlock: no rank can make progress\n" + "\n".join(lines))
+            raise SimulationError("deadlock: no rank can make progress\n" + "\n".join(lines),
+                                  rank=stuck, step=None if stuck is None else pc[stuck])
     if mailbox:
         left = ", ".join(f"{s} -> {d} tag {t} ({send})"
                          for (s, d, t), (_, send, _) in sorted(mailbox.items()))
-        raise SimulationError(f"messages sent but never received: {left}")
+        (first_src, _, _), (_, _, first_step) = min(mailbox.items())
+        raise SimulationError(f"messages sent but never received: {left}", rank=first_src,
+                              step=first_step)
 
 
 def run(
@@ -194,28 +219,41 @@ def _poison(dtype: np.dtype, n: int) -> np.ndarray:
 
 def simulate(
     collective: str,
-    algorithm: str,
+    algorithm: str | Callable[..., Schedule],
     inputs: Sequence[np.ndarray],
     op: ReduceOp = ReduceOp.SUM,
     root: int = 0,
     *,
     rendezvous: bool = False,
+    nodes: tuple[int, ...] | None = None,
 ) -> list[np.ndarray]:
     """Run ``collective`` with ``algorithm`` over ``len(inputs)`` virtual ranks.
 
-    ``inputs[r]`` is rank ``r``'s data (any shape; flattened): the vector for
-    all_reduce, broadcast and reduce; ``in`` for the others (``count * size``
-    elements for reduce_scatter, all_to_all and the root's scatter input; ``count`` for
-    all_gather and gather). For scatter only the root's input is read; barrier reads
-    none. Inputs are not modified. In-place collectives start ``out`` as a copy of the
-    input; other buffers and tmp start as "poison" (NaN, or an odd constant) so that
-    reads of unwritten data show. AVG results are divided by ops.finish as the real
-    executor does (all_reduce, reduce_scatter, and reduce on the root).
+    ``algorithm`` is a name (built in or registered) or a schedule function of your own,
+    ``fn(rank, size, count, root=0) -> Schedule``. ``inputs[r]`` is rank ``r``'s data
+    (any shape; flattened): the vector for all_reduce, broadcast and reduce; ``in`` for
+    the others (``count * size`` elements for reduce_scatter, all_to_all and the root's
+    scatter input; ``count`` for all_gather and gather). For scatter only the root's
+    input is read; barrier reads none. Inputs are not modified. In-place collectives
+    start ``out`` as a copy of the input; other buffers and tmp start as "poison" (NaN,
+    or an odd constant) so that reads of unwritten data show. AVG results are divided by
+    ops.finish as the real executor does (all_reduce, reduce_scatter, and reduce on the
+    root). ``nodes`` (the node of each rank) matters only for "hierarchical".
 
     Returns each rank's ``out`` as a new 1-D array (empty for ranks without one).
-    Raises ValueError for inconsistent inputs, TypeError for an op the dtype lacks, and
-    :class:`SimulationError` if the schedules misbehave.
+    Raises ValueError for inconsistent inputs or an unknown algorithm, TypeError for an
+    op the dtype lacks, and :class:`SimulationError` if the schedules misbehave (a
+    function of your own that returns a malformed schedule included).
     """
+    schedules, buffers, op = _setup(collective, algorithm, inputs, op, root, nodes)
+    run(schedules, buffers, op, rendezvous=rendezvous)
+    return _outputs(collective, buffers, op, root)
+
+
+def _setup(collective: str, algorithm: object, inputs: Sequence[np.ndarray], op: ReduceOp,
+           root: int, nodes: tuple[int, ...] | None = None
+           ) -> tuple[list[Schedule], list[dict[str, np.ndarray]], ReduceOp]:
+    """Every rank's schedule and buffers for :func:`simulate`."""
     size = len(inputs)
     if size < 1:
         raise ValueError("need at least one rank")
@@ -236,8 +274,11 @@ def simulate(
         count = ref.size // size
     else:
         count = ref.size
-    schedules = [make_schedule(collective, algorithm, r, size, count, root)
-                 for r in range(size)]
+    try:
+        schedules = [make_schedule(collective, algorithm, r, size, count, root, nodes=nodes,
+                                   itemsize=dtype.itemsize) for r in range(size)]
+    except ScheduleError as e:
+        raise SimulationError(str(e), rank=e.rank, step=e.step) from e
     buffers = []
     for r, s in enumerate(schedules):
         x = flat[r]
@@ -259,13 +300,17 @@ def simulate(
         else:
             bufs["tmp"] = _poison(dtype, s.tmp_size)
         buffers.append(bufs)
-    run(schedules, buffers, op, rendezvous=rendezvous)
+    return schedules, buffers, op
+
+
+def _outputs(collective: str, buffers: Sequence[Mapping[str, np.ndarray]], op: ReduceOp,
+             root: int) -> list[np.ndarray]:
     outs = [b["out"] for b in buffers]
     if collective in ("all_reduce", "reduce_scatter"):
         for o in outs:
-            finish(op, o, size)
+            finish(op, o, len(outs))
     elif collective == "reduce":
-        finish(op, outs[root], size)
+        finish(op, outs[root], len(outs))
     return outs
 
 
@@ -358,9 +403,313 @@ def check_out_contract(schedules: Sequence[Schedule]) -> None:
         if s0.collective == "reduce" and w.rank != s0.root:
             raise SimulationError(
                 f"reduce/{s0.algorithm}: non-root rank {w.rank} writes out at step {w.step}: "
-                f"{w.op}")
+                f"{w.op}", rank=w.rank, step=w.step)
         if len(w.known) != size:
             missing = sorted(set(range(size)) - w.known)
             raise SimulationError(
                 f"{s0.collective}/{s0.algorithm} rank {w.rank} writes out at step {w.step} "
-                f"({w.op}) before hearing from ranks {missing}")
+                f"({w.op}) before hearing from ranks {missing}", rank=w.rank, step=w.step)
+
+
+# --------------------------------------------------------------------------- verify
+
+_UFUNC = {
+    ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
+    ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor,
+}
+
+
+def expected(collective: str, inputs: Sequence[np.ndarray], op: ReduceOp = ReduceOp.SUM,
+             root: int = 0) -> list[np.ndarray]:
+    """What each rank's ``out`` must hold after the call, computed directly with numpy
+    (inputs as for :func:`simulate`; reductions fold ranks in order 0, 1, ...)."""
+    op = ReduceOp(op)
+    n = len(inputs)
+    flat = [np.asarray(x).reshape(-1) for x in inputs]
+
+    def fold() -> np.ndarray:
+        total = flat[0].copy()
+        for x in flat[1:]:
+            total = np.asarray(_UFUNC[op](total, x), flat[0].dtype)
+        total = total.copy()
+        finish(op, total, n)
+        return total
+
+    if collective == "all_reduce":
+        total = fold()
+        return [total] * n
+    if collective == "reduce":
+        return [fold() if r == root else flat[r] for r in range(n)]
+    if collective == "reduce_scatter":
+        c = flat[0].size // n
+        total = fold()
+        return [total[r * c:(r + 1) * c] for r in range(n)]
+    if collective == "broadcast":
+        return [flat[root]] * n
+    if collective == "all_gather":
+        return [np.concatenate(flat)] * n
+    if collective == "gather":
+        empty = flat[0][:0]
+        return [np.concatenate(flat) if r == root else empty for r in range(n)]
+    if collective == "scatter":
+        c = flat[root].size // n
+        return [flat[root][r * c:(r + 1) * c] for r in range(n)]
+    if collective == "all_to_all":
+        c = flat[0].size // n
+        return [np.concatenate([flat[j][r * c:(r + 1) * c] for j in range(n)])
+                for r in range(n)]
+    if collective == "barrier":
+        return [flat[0][:0]] * n
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+def default_counts(size: int) -> list[int]:
+    """The counts :func:`verify` tries for ``size`` ranks: 0, 1, n-1, n, n+1, 3n+2 and
+    2n+11 (empty, tiny, just under, at and over one element per rank, and uneven)."""
+    return sorted({0, 1, size - 1, size, size + 1, 3 * size + 2, 2 * size + 11})
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The first case :func:`verify` found wrong: group size, count, root, and where
+    (rank and step, None when it does not apply) and what (``kind``: "error" when the
+    function raised, "schedule" for a malformed schedule, "run" when the schedules
+    cannot run together, "result" for a wrong result, "contract" when a reducing
+    collective writes ``out`` too early, "bits" when all_reduce's ranks disagree bit
+    for bit)."""
+
+    size: int
+    count: int
+    root: int
+    rank: int | None
+    step: int | None
+    kind: str
+    message: str
+
+    def where(self) -> str:
+        at = [f"N={self.size}", f"count={self.count}", f"root={self.root}"]
+        if self.rank is not None:
+            at.append(f"rank {self.rank}")
+        if self.step is not None:
+            at.append(f"step {self.step}")
+        return ", ".join(at)
+
+    def __str__(self) -> str:
+        return f"{self.where()}: {self.message}"
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What :func:`verify` found: true (``ok``) when every case held."""
+
+    collective: str
+    algorithm: str
+    sizes: tuple[int, ...]
+    cases: int
+    failure: Failure | None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        what = f"{self.collective}/{self.algorithm}"
+        if self.failure is None:
+            return f"{what}: holds for N = {_ranges(self.sizes)} ({self.cases} cases)"
+        held = self.cases - 1
+        return (f"{what}: FAILS at {self.failure.where()} ({self.failure.kind}; after "
+                f"{held} case{'' if held == 1 else 's'} held)\n  {self.failure.message}")
+
+
+def _ranges(values: Sequence[int]) -> str:
+    """``[1, 2, 3, 5]`` -> ``"1-3, 5"``."""
+    out: list[str] = []
+    vals = sorted(set(values))
+    i = 0
+    while i < len(vals):
+        j = i
+        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
+            j += 1
+        out.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def verify(
+    collective: str,
+    algorithm: str | Callable[..., Schedule],
+    sizes: Sequence[int] | range = range(1, 18),
+    counts: Sequence[int] | Callable[[int], Sequence[int]] | None = None,
+    roots: Sequence[int] | Callable[[int], Sequence[int]] | str | None = None,
+    *,
+    rendezvous: bool = True,
+    contract: bool = True,
+    bit_identical: bool = True,
+    seed: int = 0,
+) -> VerifyReport:
+    """Check an algorithm (a name, or a schedule function of your own) in the simulator
+    against numpy, for every group size in ``sizes``, every count and every root.
+
+    ``counts``: a list for every size, a function of the size, or None for
+    :func:`default_counts`. ``roots``: a list (roots outside the group are skipped), a
+    function of the size, ``"all"``, or None (every root for rooted collectives, 0 for
+    the others). Each case runs integer inputs (exact in any order) under rendezvous
+    message semantics (a Send completes only when its Recv is posted: a schedule that
+    passes cannot deadlock however the transport buffers), and checks:
+
+    * every schedule is well formed and for the call asked (:func:`validate`);
+    * the schedules run together: no deadlock, every message received, lengths agree;
+    * every rank's ``out`` equals numpy's answer (:func:`expected`);
+    * with ``contract``, reducing collectives write ``out`` only after hearing from
+      every rank, and reduce's non-roots never (:func:`check_out_contract`);
+    * with ``bit_identical``, all_reduce gives the same bits on every rank for float32
+      inputs (ranks that round differently drift apart in training).
+
+    Stops at the first failure and reports it (:class:`VerifyReport`, with a
+    :class:`Failure` naming N, count, root, rank and step: for a wrong result, the step
+    that last wrote the first wrong element).
+    """
+    from . import ALGORITHMS, COLLECTIVES, _as_function
+
+    if collective not in ALGORITHMS:
+        raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+    name, _ = _as_function(collective, algorithm)
+    sizes = tuple(int(n) for n in sizes)
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"sizes must be group sizes >= 1, not {sizes}")
+    rng = np.random.default_rng(seed)
+    cases = 0
+    for size in sizes:
+        if collective == "barrier":
+            size_counts: Sequence[int] = [0]
+        elif counts is None:
+            size_counts = default_counts(size)
+        else:
+            size_counts = counts(size) if callable(counts) else counts
+        if collective not in ROOTED:
+            size_roots: Sequence[int] = [0]
+        elif roots is None or roots == "all":
+            size_roots = range(size)
+        else:
+            size_roots = roots(size) if callable(roots) else roots  # type: ignore[operator]
+        for count in size_counts:
+            for root in size_roots:
+                if not 0 <= root < size:
+                    continue
+                cases += 1
+                failure = _check_case(collective, algorithm, size, int(count), int(root),
+                                      rng, rendezvous, contract, bit_identical)
+                if failure is not None:
+                    return VerifyReport(collective, name, sizes, cases, failure)
+    return VerifyReport(collective, name, sizes, cases, None)
+
+
+def _inputs(collective: str, size: int, count: int, rng: np.random.Generator,
+            dtype: object) -> list[np.ndarray]:
+    per_rank = count * size if collective in ("reduce_scatter", "all_to_all", "scatter") \
+        else count
+    if collective == "barrier":
+        per_rank = 0
+    if np.dtype(dtype).kind == "f":
+        return [rng.standard_normal(per_rank).astype(dtype) for _ in range(size)]
+    return [rng.integers(-1000, 1000, per_rank).astype(dtype) for _ in range(size)]
+
+
+def _check_case(collective: str, algorithm: object, size: int, count: int, root: int,
+                rng: np.random.Generator, rendezvous: bool, contract: bool,
+                bit_identical: bool) -> Failure | None:
+    def fail(kind: str, message: str, rank: int | None = None,
+             step: int | None = None) -> Failure:
+        return Failure(size, count, root, rank, step, kind, message)
+
+    for r in range(size):  # build every schedule first: errors name the rank
+        try:
+            make_schedule(collective, algorithm, r, size, count, root)
+        except ScheduleError as e:
+            return fail("schedule", str(e), r, e.step)
+        except Exception as e:  # noqa: BLE001 - a function of your own may raise anything
+            return fail("error", f"building the schedule raised {type(e).__name__}: {e}", r)
+    inputs = _inputs(collective, size, count, rng, np.int64)
+    try:
+        schedules, buffers, op = _setup(collective, algorithm, inputs, ReduceOp.SUM, root)
+    except SimulationError as e:
+        return fail("schedule", str(e), e.rank, e.step)
+    except ValueError as e:
+        return fail("schedule", str(e))
+    writers = _Writers(schedules)
+    try:
+        _execute(schedules, buffers, _sum, rendezvous=rendezvous, on_recv=writers.on_recv,
+                 on_compute=writers.on_compute)
+    except SimulationError as e:
+        return fail("run", str(e), e.rank, e.step)
+    got = _outputs(collective, buffers, op, root)
+    want = expected(collective, inputs, ReduceOp.SUM, root)
+    for r, (g, w) in enumerate(zip(got, want, strict=True)):
+        if g.shape != w.shape:
+            return fail("result", f"rank {r} has {g.size} output elements, expected {w.size}",
+                        r)
+        bad = np.flatnonzero(g != w)
+        if bad.size:
+            i = int(bad[0])
+            step, why = writers.last(r, i)
+            return fail("result", f"rank {r} out[{i}] = {g[i]}, expected {w[i]} "
+                        f"({bad.size} wrong element{'s' if bad.size > 1 else ''}); {why}",
+                        r, step)
+    if contract and collective in REDUCING and size > 1:
+        try:
+            check_out_contract(schedules)
+        except SimulationError as e:
+            return fail("contract", str(e), e.rank, e.step)
+    if bit_identical and collective == "all_reduce" and size > 1 and count > 0 \
+            and count in (size + 1, 3 * size + 2, 2 * size + 11):
+        floats = _inputs(collective, size, count, rng, np.float32)
+        schedules, buffers, op = _setup(collective, algorithm, floats, ReduceOp.SUM, root)
+        writers = _Writers(schedules)
+        _execute(schedules, buffers, _sum, rendezvous=rendezvous, on_recv=writers.on_recv,
+                 on_compute=writers.on_compute)
+        outs = [b["out"] for b in buffers]
+        first = outs[0].view(np.uint32)
+        for r in range(1, size):
+            bad = np.flatnonzero(outs[r].view(np.uint32) != first)
+            if bad.size:
+                i = int(bad[0])
+                step, why = writers.last(r, i)
+                return fail("bits", f"rank {r} out[{i}] = {outs[r][i]!r} but rank 0 has "
+                            f"{outs[0][i]!r} (float32 sums in another order); {why}", r, step)
+    return None
+
+
+def _sum(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    np.add(a, b, out=out)
+
+
+class _Writers:
+    """Which step (and op) last wrote each element of each rank's ``out``."""
+
+    def __init__(self, schedules: Sequence[Schedule]) -> None:
+        self.step = [np.full(s.out_size, -1, np.int64) for s in schedules]
+        self.op = [np.full(s.out_size, -1, np.int64) for s in schedules]
+        self.ops: list[list[object]] = [[] for _ in schedules]
+
+    def _mark(self, r: int, step: int, op: object, lo: int, n: int) -> None:
+        self.step[r][lo:lo + n] = step
+        self.op[r][lo:lo + n] = len(self.ops[r])
+        self.ops[r].append(op)
+
+    def on_recv(self, r: int, step: int, recv: Recv, data: np.ndarray) -> None:
+        if recv.buf == "out":
+            self._mark(r, step, recv, recv.lo, recv.hi - recv.lo)
+
+    def on_compute(self, r: int, step: int, op: Reduce | Copy) -> None:
+        if op.dst == "out":
+            self._mark(r, step, op, op.dst_lo, op.n)
+
+    def last(self, r: int, i: int) -> tuple[int | None, str]:
+        if i >= len(self.step[r]) or self.step[r][i] < 0:
+            return None, "the schedule never writes it"
+        step = int(self.step[r][i])
+        return step, f"last written at step {step} by {self.ops[r][int(self.op[r][i])]}"

@@ -17,6 +17,8 @@ examples:
   minidist bench all_reduce -n 4 --min-bytes 4 --max-bytes 64M --factor 4 --vs gloo,mpi
   minidist bench broadcast -n 8 --min-bytes 16M --max-bytes 16M --vs gloo --json out.json
   minidist bench barrier -n 64 --vs gloo --plot barrier.png
+  minidist bench all_reduce -n 4 -b 4K -e 1M -f 4 --algorithm all --predict
+  minidist bench all_reduce -n 8 --algorithm mine:rabenseifner,ring --predict
 
 size = bytes of the whole vector (all_gather: the gathered output; reduce_scatter: the
 input), time = max over ranks of the mean per-iteration time, algbw = size / time,
@@ -49,7 +51,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="untimed calls per size before timing (default 5)")
     p.add_argument("--algorithm", default=None,
                    help="minidist's algorithm= for every call (default: minidist chooses "
-                   "by size); the other systems choose their own")
+                   "by size): a name, module:function (an algorithm of your own), a comma "
+                   "list, or 'all' (one column each); the other systems choose their own")
+    p.add_argument("--algo-module", action="append", default=[], metavar="MODULE",
+                   help="a module of algorithms of your own that every rank imports "
+                   "(as MINIDIST_ALGO_MODULE; repeatable)")
+    p.add_argument("--predict", action="store_true",
+                   help="also print the cost model's predicted time of each algorithm "
+                   "and the algorithm minidist would choose, beside the measured times")
     p.add_argument("-c", "--check", action="store_true",
                    help="after timing, check one call's result on every rank (#wrong column)")
     p.add_argument("--vs", action="append", metavar="SYSTEM",
@@ -84,13 +93,10 @@ def run_bench(a: argparse.Namespace) -> int:
         return _fail("-n must be at least 1")
     if a.iters < 1 or a.warmup < 0:
         return _fail("--iters must be at least 1 and --warmup at least 0")
-    if a.algorithm:
-        from .. import algorithms
-
-        known = algorithms.ALGORITHMS[a.collective]
-        if a.algorithm not in known:
-            return _fail(f"unknown {a.collective} algorithm {a.algorithm!r}; choose one of "
-                         f"{', '.join(known)}")
+    try:
+        names, modules = _algorithms(a)
+    except (ImportError, ValueError) as e:
+        return _fail(str(e))
     from . import runner
 
     for system in vs:
@@ -103,12 +109,19 @@ def run_bench(a: argparse.Namespace) -> int:
             return _fail(why)
 
     counts = report.element_counts(a.collective, sizes, a.nproc, report.ITEMSIZE[a.dtype])
+    mine = [f"minidist/{x}" for x in names] if len(names) > 1 else ["minidist"]
     results = report.Results(a.collective, a.nproc, a.dtype, counts, a.iters, a.warmup,
-                             a.algorithm, a.check, ["minidist", *vs],
-                             machine=runner.machine_info(vs))
+                             names[0] if len(names) == 1 else (a.algorithm or None),
+                             a.check, [*mine, *vs], machine=runner.machine_info(vs))
     cfg = {"collective": a.collective, "n": a.nproc, "dtype": a.dtype, "counts": counts,
-           "iters": a.iters, "warmup": a.warmup, "algorithm": a.algorithm,
-           "check": a.check}
+           "iters": a.iters, "warmup": a.warmup,
+           "algorithm": names[0] if len(names) == 1 else None, "check": a.check,
+           "algo_modules": modules}
+    if a.predict:
+        try:
+            _predict(results, names)
+        except ValueError as e:
+            return _fail(f"--predict: {e}")
     failed = False
     try:
         with _stop_on_signals():
@@ -137,6 +150,51 @@ def run_bench(a: argparse.Namespace) -> int:
     return 0
 
 
+def _algorithms(a: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """(the minidist algorithms to run, by registered name; the modules of algorithms
+    every rank must import). ValueError/ImportError for an unknown one."""
+    import os
+
+    from ..algorithms import ALGORITHMS, plugins
+    from ..env import algorithm_modules
+
+    modules = [*algorithm_modules(os.environ), *a.algo_module]
+    plugins.load_modules(modules)
+    if not a.algorithm:
+        return [], modules
+    specs = list(ALGORITHMS[a.collective]) if a.algorithm == "all" else \
+        [x.strip() for x in a.algorithm.split(",") if x.strip()]
+    names: list[str] = []
+    for spec in specs:
+        name = plugins.resolve(a.collective, spec)
+        if ":" in spec and spec.split(":")[0] not in modules:
+            modules.append(spec.split(":")[0])
+        if name not in names:
+            names.append(name)
+    return names, modules
+
+
+def _predict(results: report.Results, names: list[str]) -> None:
+    """The cost model's prediction for every algorithm and size, and minidist's choice."""
+    from .. import calibrate
+    from ..algo_cli import minidist_choice
+    from ..algorithms import IN_PLACE, cost, schedules
+
+    c = calibrate.load()
+    n, coll, itemsize = results.n, results.collective, results.itemsize
+    for count in results.counts:
+        per_rank = count if coll in IN_PLACE else count // n
+        if coll == "barrier":
+            per_rank = 0
+        chosen = minidist_choice(coll, n, per_rank, results.dtype, c)
+        if chosen is not None:
+            results.chosen[count] = chosen
+        for name in names or ([chosen] if chosen else []):
+            rep = cost.replay(schedules(coll, name, n, per_rank, itemsize=itemsize), c,
+                              itemsize)
+            results.predicted.setdefault(name, {})[count] = rep.time * 1e6
+
+
 def _note(text: str) -> None:
     print(f"# {text}", file=sys.stderr, flush=True)
 
@@ -159,6 +217,8 @@ def _run_systems(results: report.Results, cfg: dict, timeout: float) -> bool:
         _note(f"{system}: {cfg['collective']} on {cfg['n']} processes, "
               f"{len(cfg['counts'])} size{'s' if len(cfg['counts']) != 1 else ''}")
         job = None
+        if system.startswith("minidist/"):
+            cfg = {**cfg, "algorithm": results.algorithm_of(system)}
         try:
             job = runner.run_system(system, cfg, timeout, _progress(system))
         except runner.BenchError as e:

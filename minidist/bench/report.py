@@ -170,6 +170,9 @@ class Results:
     errors: dict[str, str] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
     info: dict[str, dict[str, Any]] = field(default_factory=dict)  # system -> details
+    # --predict: algorithm -> element count -> predicted time (us), and minidist's choice
+    predicted: dict[str, dict[int, float]] = field(default_factory=dict)
+    chosen: dict[int, str] = field(default_factory=dict)
 
     @property
     def itemsize(self) -> int:
@@ -182,15 +185,31 @@ class Results:
         return self.data.get(system, {}).get(count)
 
     def ratio(self, system: str, count: int) -> float | None:
-        """``system`` time / minidist time (= minidist busbw / ``system`` busbw)."""
-        mine, other = self.get("minidist", count), self.get(system, count)
+        """``system`` time / minidist time (= minidist busbw / ``system`` busbw); with
+        several minidist algorithms, the fastest one's time."""
+        other = self.get(system, count)
+        mine = self.get("minidist", count)
+        if mine is None:
+            times = [m for s in self.minidist_columns if (m := self.get(s, count))]
+            mine = min(times, key=lambda m: m.time_us) if times else None
         if mine is None or other is None or mine.time_us <= 0:
             return None
         return other.time_us / mine.time_us
 
     @property
+    def minidist_columns(self) -> list[str]:
+        """The systems that are minidist: "minidist", or "minidist/ALGO" per algorithm."""
+        return [s for s in self.systems if s == "minidist" or s.startswith("minidist/")]
+
+    @property
     def others(self) -> list[str]:
-        return [s for s in self.systems if s != "minidist"]
+        return [s for s in self.systems if s not in self.minidist_columns]
+
+    def algorithm_of(self, system: str) -> str:
+        """The algorithm a minidist column ran ("auto": minidist's choice)."""
+        if system.startswith("minidist/"):
+            return system.split("/", 1)[1]
+        return self.algorithm or "auto"
 
     def wrong_total(self) -> int:
         return sum(m.wrong or 0 for per in self.data.values() for m in per.values())
@@ -293,9 +312,52 @@ def footer_lines(r: Results) -> list[str]:
     return lines
 
 
+def algorithm_lines(r: Results) -> list[str]:
+    """The table of several minidist algorithms (or one, with --predict): each one's
+    measured and predicted time per size, minidist's choice, and the fastest."""
+    cols = r.minidist_columns
+    names = [r.algorithm_of(s) for s in cols]
+    w = max([21, *(len(a) + 1 for a in names)])
+    h1 = f"{'':>12}{'':>12}{'':>9}" + "".join(f"{a:>{w}}" for a in names)
+    h2 = f"{'size':>12}{'count':>12}{'type':>9}" + f"{'time':>11}{'pred':>10}".rjust(w) * len(cols)
+    h3 = f"{'(B)':>12}{'(elements)':>12}{'':>9}" + f"{'(us)':>11}{'(us)':>10}".rjust(w) * len(cols)
+    if r.chosen:
+        h1 += f"  {'':20s}"
+        h2 += f"  {'minidist chooses':20s}"
+        h3 += f"  {'':20s}"
+    h2 += f"  {'fastest measured':20s}"
+    lines = ["#" + h1.rstrip()[1:], "#" + h2[1:].rstrip(), "#" + h3.rstrip()[1:]]
+    for count in r.counts:
+        row = f"{r.nbytes(count):>12}{count:>12}{r.dtype:>9}"
+        measured = {}
+        for s, a in zip(cols, names):
+            m = r.get(s, count)
+            pred = r.predicted.get(a, {}).get(count)
+            if a == "auto" and pred is None and count in r.chosen:
+                pred = r.predicted.get(r.chosen[count], {}).get(count)
+            if m is not None:
+                measured[a] = m.time_us
+            cell = f"{_time(m.time_us if m else None):>11}{_time(pred):>10}"
+            row += cell.rjust(w)
+        if r.chosen:
+            row += f"  {r.chosen.get(count, '-'):20s}"
+        best = min(measured, key=measured.get) if measured else "-"
+        row += f"  {best:20s}"
+        lines.append(row.rstrip())
+    return lines
+
+
 def format_table(r: Results) -> str:
     """Header, table and footer, as ``minidist bench`` prints them."""
-    return "\n".join([*header_lines(r), "#", *table_lines(r), "#", *footer_lines(r)]) + "\n"
+    table = algorithm_lines(r) if (len(r.minidist_columns) > 1 or r.predicted) \
+        and r.collective != "barrier" else table_lines(r)
+    extra = []
+    if r.predicted:
+        extra = ["# pred: the cost model's replay of the algorithm's schedules with this "
+                 "machine's calibration (minidist calibrate), all ranks on this node"]
+    if len(r.minidist_columns) > 1 and r.others:
+        extra.append("# x SYSTEM compares with the fastest minidist algorithm at each size")
+    return "\n".join([*header_lines(r), *extra, "#", *table, "#", *footer_lines(r)]) + "\n"
 
 
 def machine_line(m: Mapping[str, Any]) -> str:
@@ -340,6 +402,9 @@ def to_json(r: Results) -> dict[str, Any]:
         "warmup": r.warmup, "algorithm": r.algorithm, "check": r.check,
         "bus_factor": bus_factor(r.collective, r.n), "systems": r.systems,
         "machine": r.machine, "system_info": r.info, "rows": rows, "errors": r.errors,
+        "predicted_us": {a: {str(c): t for c, t in per.items()}
+                         for a, per in r.predicted.items()},
+        "chosen": {str(c): a for c, a in r.chosen.items()},
     }
 
 
@@ -357,6 +422,9 @@ def from_json(doc: Mapping[str, Any]) -> Results:
     for row in doc["rows"]:
         for s, m in row["results"].items():
             r.data.setdefault(s, {})[row["count"]] = Measurement(m["time_us"], m.get("wrong"))
+    r.predicted = {a: {int(c): t for c, t in per.items()}
+                   for a, per in doc.get("predicted_us", {}).items()}
+    r.chosen = {int(c): a for c, a in doc.get("chosen", {}).items()}
     return r
 
 

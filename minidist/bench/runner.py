@@ -277,6 +277,8 @@ def minidist_commands(cfg: dict[str, Any], timeout: float
     extra = {"MINIDIST_TIMEOUT": str(int(timeout))}
     if cfg["collective"] == "barrier" and cfg.get("algorithm"):
         extra["MINIDIST_ALGO_BARRIER"] = cfg["algorithm"]
+    if cfg.get("algo_modules"):  # algorithms of your own, imported by every rank
+        extra["MINIDIST_ALGO_MODULE"] = ",".join(cfg["algo_modules"])
     cmd = [sys.executable, "-m", "minidist", "run", "-n", str(cfg["n"]), "-m",
            "minidist.bench.worker", "--system", "minidist", "--config", json.dumps(cfg)]
     return [(cmd, clean_env(**extra))]
@@ -352,7 +354,8 @@ def missing(system: str) -> str | None:
 def run_system(system: str, cfg: dict[str, Any], timeout: float,
                on_event: Callable[[dict[str, Any]], None] | None = None) -> Job:
     """Run one system's job to the end; its Job (with the events) or BenchError."""
-    job = Job(system, COMMANDS[system](cfg, timeout), on_event)
+    # "minidist/ALGO": minidist running one algorithm (cfg["algorithm"])
+    job = Job(system, COMMANDS[system.split("/", 1)[0]](cfg, timeout), on_event)
     try:
         job.start()
         job.wait(timeout)

@@ -199,8 +199,7 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
 
     def _get_backend(self, device: Any) -> ProcessGroupMinidist:
         """The backend for ``device``: this group itself, for the CPU."""
-        kind = torch.device(device).type if not isinstance(device, torch.device) \
-            else device.type
+        kind = torch.device(device).type
         if kind != "cpu":
             raise RuntimeError(f"No backend type associated with device type {kind} "
                                "(the minidist backend serves CPU tensors only)")
@@ -298,13 +297,13 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:
         root = opts.rootRank if opts is not None else 0
         return self._issue(opts, C.broadcast(_one(tensors, "broadcast"), self._global(root),
-                                       self._md_group))
+                                             self._md_group))
 
     def reduce(self, tensors: Any, opts: Any = None) -> Any:
         root = opts.rootRank if opts is not None else 0
         op = opts.reduceOp if opts is not None else "SUM"
         return self._issue(opts, C.reduce(_one(tensors, "reduce"), self._global(root), op,
-                                    self._md_group))
+                                          self._md_group))
 
     def allgather(self, output_lists: Any, inputs: Any, opts: Any = None) -> Any:
         if len(output_lists) != 1:
@@ -346,8 +345,8 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
         op = opts.reduceOp if opts is not None else "SUM"
         if len(input_lists) != 1:
             raise ValueError("minidist reduce_scatter: expects one input list")
-        return self._issue(opts, C.reduce_scatter(_one(outputs, "reduce_scatter"), input_lists[0],
-                                            op, self._md_group))
+        return self._issue(opts, C.reduce_scatter(_one(outputs, "reduce_scatter"),
+                                                  input_lists[0], op, self._md_group))
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
                              opts: Any = None) -> Any:
@@ -381,7 +380,7 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
                       output_split_sizes: Any = None, input_split_sizes: Any = None,
                       opts: Any = None) -> Any:
         return self._issue(opts, C.all_to_all_single(output, input, output_split_sizes,
-                                               input_split_sizes, self._md_group))
+                                                     input_split_sizes, self._md_group))
 
     all_to_all_single = alltoall_base
 
@@ -398,11 +397,11 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
 
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Any:  # noqa: N803
         return self._issue(None, C.isend(_one(tensors, "send"), self._global(dstRank), tag,
-                                   self._md_group))
+                                         self._md_group))
 
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Any:  # noqa: N803
         return self._issue(None, C.irecv(_one(tensors, "recv"), self._global(srcRank), tag,
-                                   self._md_group))
+                                         self._md_group))
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
         raise NotImplementedError("minidist: recv from any source (src=None) is not "

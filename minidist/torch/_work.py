@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import copy
 import datetime
 import os
 import queue
@@ -82,6 +83,26 @@ def _error_of(f: concurrent.futures.Future) -> BaseException | None:
     return f.exception()
 
 
+def torch_worded(error: BaseException | None) -> BaseException | None:
+    """``error`` as torch code reads it. A timeout says "Timed out" the way torch's
+    backends do (``[minidist] Timed out waiting for barrier: ...``; code and tests
+    written for gloo and NCCL look for those words): the same exception class and
+    attributes, with that prefix on the message. Other errors are left alone."""
+    if not isinstance(error, DistTimeoutError) or not error.args:
+        return error
+    message = str(error.args[0])
+    if message.startswith(_PREFIX):
+        return error
+    worded = copy.copy(error)
+    what = error.collective or "the call"
+    worded.args = (f"{_PREFIX}Timed out waiting for {what}: {message}", *error.args[1:])
+    worded.__cause__ = error.__cause__
+    return worded.with_traceback(error.__traceback__)
+
+
+_PREFIX = "[minidist] "
+
+
 def seconds(timeout: Any) -> float | None:
     """A timeout as seconds: None (no timeout given), a number, or a timedelta.
 
@@ -139,13 +160,14 @@ class Work(TorchWork):
                     self._futures, timeout, return_when=concurrent.futures.FIRST_EXCEPTION)
             failed = next((f for f in done if _error_of(f) is not None), None)
             if failed is None and pending:
-                raise DistTimeoutError(f"{self._what}: not done within {timeout:g} s "
-                                       "(the call itself keeps running)",
+                raise DistTimeoutError(f"{_PREFIX}Timed out waiting {timeout * 1000:.0f}ms "
+                                       f"for {self._what} (not done within {timeout:g} s; "
+                                       "the call itself keeps running)",
                                        collective=self._what)
             with self._lock:
                 if not self._finished:
                     if failed is not None:
-                        self._error = _error_of(failed)
+                        self._error = torch_worded(_error_of(failed))
                     elif self._post is not None:
                         try:
                             self._post()

@@ -219,3 +219,31 @@ def test_failed_handshakes_are_logged_at_most_once_a_minute(caplog):
             failures.note(log, "rank 0", ProtocolError("junk"))
     assert failures.total == 500
     assert len(caplog.records) == 1
+
+
+async def test_small_calls_that_disagree_raise_on_every_rank_through_shared_slots(job):
+    arrays = [np.arange(4 if s.rank != 2 else 5, dtype=np.float32) for s in job]
+    before = [a.copy() for a in arrays]
+    preps = [s.plan.prepare_all_reduce(a, ReduceOp.SUM, None, None) for s, a in zip(job, arrays)]
+    assert all(p.fast >= 0 for p in preps)  # the shared-slots path, not sockets
+    results = await asyncio.wait_for(asyncio.gather(
+        *(s.execute(p) for s, p in zip(job, preps)), return_exceptions=True), 20)
+    for r in results:
+        assert isinstance(r, minidist.CollectiveMismatchError), r
+        assert "count=5" in str(r) and "count=4" in str(r)
+    for a, b in zip(arrays, before):
+        np.testing.assert_array_equal(a, b)
+
+
+async def test_a_small_call_that_waits_out_its_deadline_names_the_missing_rank():
+    sessions = await start_job(3, timeout=1.0)
+    try:
+        preps = [s.plan.prepare_barrier(None) for s in sessions[:2]]
+        assert all(p.fast >= 0 for p in preps)
+        results = await asyncio.wait_for(asyncio.gather(
+            *(s.execute(p) for s, p in zip(sessions, preps)), return_exceptions=True), 20)
+        for r in results:
+            assert isinstance(r, minidist.DistTimeoutError), r
+            assert r.missing == (2,), r
+    finally:
+        await stop_job(sessions)

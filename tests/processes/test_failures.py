@@ -64,6 +64,14 @@ def test_shared_memory_calls_back_to_back_stay_exact():
     assert job.out.count("SHM BACK TO BACK OK") == 5
 
 
+@pytest.mark.parametrize("n", [2, 5])
+def test_small_calls_through_shared_slots_stay_exact_under_contention(n):
+    with Job(n, SCRIPTS / "fast_stress.py") as job:
+        rc = job.wait(110)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    assert job.out.count("FAST STRESS OK") == n
+
+
 def test_orphaned_segment_names_are_swept_and_live_ones_kept():
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()

@@ -150,3 +150,21 @@ def test_timeouts_mismatches_and_group_names():
         for check in TIMEOUT_CHECKS + (RANK0_CHECKS if r == 0 else ()):
             assert f"rank {r}: OK {check}" in p.stdout, (r, check, p.stdout[-2000:])
         assert f"rank {r}: done" in p.stdout
+
+
+PATH_CHECKS = ("device_types", "all_gather_coalesced", "coalescing_manager",
+               "sparse_all_reduce", "monitored_barrier", "timeout_wording")
+
+
+@pytest.mark.timeout(150)
+def test_torch_code_paths_on_three_ranks():
+    """3 ranks: the CPU device association torch looks up, all_gather_coalesced, the
+    coalescing manager, sparse all_reduce, monitored_barrier in gloo's words (through
+    the process group and minidist.torch) and timeouts in torch's words."""
+    results = run_spawned(3, SCRIPTS / "torch_paths.py", timeout=120,
+                          env=torch_env(MINIDIST_TIMEOUT="60"))
+    for r, p in enumerate(results):
+        assert p.returncode == 0, (r, p.stdout[-2000:], p.stderr[-4000:])
+        for check in PATH_CHECKS:
+            assert f"rank {r}: OK {check}" in p.stdout, (r, check, p.stdout[-2000:])
+        assert f"rank {r}: done" in p.stdout

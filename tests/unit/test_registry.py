@@ -28,9 +28,12 @@ COLLECTIVES = ("all_reduce", "broadcast", "barrier", "reduce", "all_gather", "re
 
 def test_collective_names() -> None:
     assert set(ALGORITHMS) == set(COLLECTIVES)
-    assert set(ALGORITHMS["all_reduce"]) == {"ring", "recursive_doubling", "tree", "hierarchical",
-                                            "shared_memory"}
-    assert set(ALGORITHMS["broadcast"]) == {"binomial", "scatter_allgather", "shared_memory"}
+    assert set(ALGORITHMS["all_reduce"]) >= {"ring", "recursive_doubling", "tree",
+                                             "hierarchical", "shared_memory"}
+    assert set(ALGORITHMS["broadcast"]) >= {"binomial", "scatter_allgather", "shared_memory"}
+    # the order is the wire format: the first ones never move
+    assert ALGORITHMS["all_reduce"][:5] == ("ring", "recursive_doubling", "tree",
+                                            "hierarchical", "shared_memory")
     assert ALGORITHMS["barrier"] == ("dissemination", "tree")
     assert all(isinstance(v, tuple) and v for v in ALGORITHMS.values())
 

@@ -1,0 +1,230 @@
+"""Small collectives on one node through shared memory, run by the caller's thread.
+
+For an all_reduce, broadcast or barrier of at most :data:`SLOT_BYTES` on a group whose
+ranks share a node, no socket and no event loop is involved: every rank writes its
+contribution into its own slot of the group's small segment, publishes the slot's
+number, and reads the others' slots once their numbers show they are complete. A
+waiter spins briefly while the group's ranks fit the cores, then sleeps on a futex
+(the slot number itself), which the writer wakes; idle waiters cost nothing.
+
+Layout: per rank, two slots (fast calls alternate between them), each a 64-byte
+header then the payload. The header holds the slot number (int32, the futex word; the
+count of fast calls of the group, plus one) and the call's signature.
+
+Memory ordering. A writer stores the payload and the signature, then the slot number;
+a reader loads the slot number, then the payload. On x86 (TSO) stores become visible
+in program order and loads are not reordered with older loads, and each of these
+stores and loads is a separate call into numpy's C code, which the compiler cannot
+reorder across; so a reader that sees the new number sees the payload. Sleeping
+is race-free without further fences: the kernel compares the futex word with the
+value the waiter last saw under its own lock, and the writer always calls
+``FUTEX_WAKE`` after its store. On other architectures the fast path is off.
+
+Reuse. Fast call ``f`` uses slot ``f % 2``. A rank writes slot ``p`` for call ``f + 2``
+only after it finished call ``f + 1``, which needed every rank's slot for ``f + 1``,
+which each rank writes only after it finished reading call ``f``. So a slot is never
+overwritten while someone still reads it.
+
+Every wait is bounded: it sleeps in slices of at most 0.1 s and checks the call's
+deadline, peers that died or left, an abort of the group and the rendezvous between
+slices; after 1 s it reports the call to the rendezvous (the stall check that finds
+ranks that called different things).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import struct
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from . import ops
+from .errors import CollectiveMismatchError, DistError
+from .group import Group
+from .ops import ReduceOp
+
+SLOT_BYTES = 4096  # the largest payload of a fast call
+MAX_RANKS = 64  # larger groups: the tree and dissemination schedules scale better
+HEADER = 64
+SLOT = HEADER + SLOT_BYTES
+SPIN_SECONDS = 50e-6  # how long a waiter spins when the group fits the cores
+SLICE = 0.1  # seconds a waiter sleeps at most between checks
+STALL_REPORT = 1.0
+_SIG = struct.Struct("<iiiiqqI")  # kind, dtype, op, root, count, seq, shape
+
+_SYS_FUTEX = {"x86_64": 202, "AMD64": 202}.get(platform.machine())
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _libc():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _libc() if _SYS_FUTEX is not None else None
+
+
+def available() -> bool:
+    """True where the fast path can run: Linux on x86-64 (futexes and TSO ordering)."""
+    return _LIBC is not None and os.path.isdir("/dev/shm")
+
+
+def futex_wait(addr: int, seen: int, timeout: float) -> None:
+    """Sleep while the int32 at ``addr`` still holds ``seen`` (at most ``timeout``)."""
+    ts = _Timespec(int(timeout), int((timeout % 1) * 1e9))
+    _LIBC.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAIT, ctypes.c_int(seen),
+                  ctypes.byref(ts), None, 0)
+
+
+def futex_wake(addr: int) -> None:
+    """Wake every process sleeping on the int32 at ``addr``."""
+    _LIBC.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+
+
+def segment_bytes(size: int) -> int:
+    return size * 2 * SLOT
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class Slots:
+    """One group's fast slots in a shared mapping, seen from group rank ``me``.
+
+    ``gone()`` returns an error for a member that died or left (or None); ``broken()``
+    the error that made the group unusable (or None); ``stalled()`` is called once when
+    a call has waited :data:`STALL_REPORT` seconds.
+    """
+
+    def __init__(self, buf, group: Group, me: int) -> None:
+        self.group = group
+        self.me = me
+        self.size = group.size
+        self.mem = np.frombuffer(buf, np.uint8, segment_bytes(self.size))
+        self.base = self.mem.ctypes.data
+        self.words = self.mem.view(np.int32)  # the slot numbers, by int32 index
+        self.spin = self.size <= _cores()
+
+    def _word(self, rank: int, parity: int) -> int:
+        return ((rank * 2 + parity) * SLOT) // 4
+
+    def _payload(self, rank: int, parity: int, nbytes: int) -> np.ndarray:
+        at = (rank * 2 + parity) * SLOT + HEADER
+        return self.mem[at:at + nbytes]
+
+    def _sig(self, rank: int, parity: int) -> tuple:
+        at = (rank * 2 + parity) * SLOT + 4
+        return _SIG.unpack_from(self.mem, at)
+
+    def run(self, f: int, call, out: np.ndarray, src: np.ndarray, op: ReduceOp,
+            deadline: float, gone: Callable[[int], DistError | None],
+            broken: Callable[[], DistError | None], stalled: Callable[[], None],
+            timed_out: Callable[[list[int]], DistError]) -> None:
+        """Run fast call number ``f`` of the group (calls run in that order): ``src`` is
+        this rank's contribution (the root's data for a broadcast, nothing for a
+        barrier), ``out`` where the result goes. ``timed_out(waiting)`` makes the error
+        of a deadline passed while ranks ``waiting`` had not written their slots."""
+        parity, number = f % 2, (f + 1) & 0x7FFFFFFF
+        me = self.me
+        data = src.view(np.uint8).reshape(-1)
+        self._payload(me, parity, data.size)[:] = data
+        _SIG.pack_into(self.mem, (me * 2 + parity) * SLOT + 4, call.kind, call.dtype,
+                       call.op, call.root, call.count, call.seq, call.shape)
+        word = self._word(me, parity)
+        self.words[word] = number  # after the payload: readers see both
+        futex_wake(self.base + word * 4)
+        mine = self._sig(me, parity)
+        for r in range(self.size):
+            if r != me:
+                self._wait(r, parity, number, deadline, gone, broken, stalled, timed_out)
+                theirs = self._sig(r, parity)
+                if theirs[:5] != mine[:5] or theirs[6] != mine[6]:
+                    raise self._mismatch(call, r, theirs)
+        if call.kind == _BROADCAST:
+            root = self.group.rank_of(call.root)
+            if root != me:
+                out.view(np.uint8).reshape(-1)[:] = self._payload(root, parity, out.nbytes)
+        elif call.kind == _ALL_REDUCE:
+            n = out.nbytes
+            first = self._payload(0, parity, n).view(out.dtype)
+            np.copyto(out, first)
+            for r in range(1, self.size):
+                ops.reduce_into(op, out, out, self._payload(r, parity, n).view(out.dtype))
+
+    def _wait(self, r: int, parity: int, number: int, deadline: float,
+              gone, broken, stalled, timed_out) -> None:
+        word = self._word(r, parity)
+        words = self.words
+        if words[word] == number:
+            return
+        now = time.monotonic()
+        if self.spin:
+            end = now + SPIN_SECONDS
+            while time.monotonic() < end:
+                if words[word] == number:
+                    return
+        start, reported = now, False
+        addr = self.base + word * 4
+        while True:
+            seen = int(words[word])
+            if seen == number:
+                return
+            err = broken()
+            if err is None:  # any member that has not written and never will
+                for other in range(self.size):
+                    if other != self.me and words[self._word(other, parity)] != number:
+                        err = gone(self.group.ranks[other])
+                        if err is not None:
+                            break
+            if err is not None and words[word] != number:  # not written just now
+                raise err
+            now = time.monotonic()
+            if now >= deadline:
+                raise timed_out(self._missing(parity, number))
+            if not reported and now - start >= STALL_REPORT:
+                reported = True
+                stalled()
+            futex_wait(addr, seen, min(SLICE, deadline - now))
+
+    def _missing(self, parity: int, number: int) -> list[int]:
+        return [self.group.ranks[r] for r in range(self.size)
+                if r != self.me and self.words[self._word(r, parity)] != number]
+
+    def _mismatch(self, call, r: int, theirs: tuple) -> CollectiveMismatchError:
+        kind, dtype, op, root, count, _seq, shape = theirs
+        try:
+            dt = str(ops.dtype_from_code(dtype))
+        except ValueError:
+            dt = f"code {dtype}"
+        name = _KIND_NAMES.get(kind, f"kind {kind}")
+        parts = [f"count={count}", f"dtype={dt}"]
+        if kind == _ALL_REDUCE:
+            parts.append(f"op={ReduceOp(op).name}")
+        if root >= 0:
+            parts.append(f"root={root}")
+        return CollectiveMismatchError(
+            f"collective mismatch on {self.group!r} (call #{call.seq}): rank "
+            f"{self.group.ranks[r]} called {name}({', '.join(parts)}) where rank "
+            f"{self.group.ranks[self.me]} called {call.describe()}")
+
+
+# wire.Kind values, without importing the wire layer into this module's hot path
+_ALL_REDUCE, _BROADCAST, _BARRIER = 2, 3, 1
+_KIND_NAMES = {1: "barrier", 2: "all_reduce", 3: "broadcast"}
+
