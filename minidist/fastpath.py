@@ -4,8 +4,9 @@ For an all_reduce, broadcast or barrier of at most :data:`SLOT_BYTES` on a group
 ranks share a node, no socket and no event loop is involved: every rank writes its
 contribution into its own slot of the group's small segment, publishes the slot's
 number, and reads the others' slots once their numbers show they are complete. A
-waiter spins briefly while the group's ranks fit the cores, then sleeps on a futex
-(the slot number itself), which the writer wakes; idle waiters cost nothing.
+waiter spins briefly while the group's ranks fit the cores (and less after each spin
+that did not pay, so a crowded machine's cores go to ranks with work), then sleeps on
+a futex (the slot number itself), which the writer wakes; idle waiters cost nothing.
 
 Layout: per rank, two slots (fast calls alternate between them), each a 64-byte
 header then the payload. The header holds the slot number (int32, the futex word; the
@@ -119,7 +120,9 @@ class Slots:
         self.mem = np.frombuffer(buf, np.uint8, segment_bytes(self.size))
         self.base = self.mem.ctypes.data
         self.words = self.mem.view(np.int32)  # the slot numbers, by int32 index
-        self.spin = self.size <= _cores()
+        self.cores = _cores()
+        self.spin = SPIN_SECONDS if self.size <= self.cores else 0.0
+        self.waits = 0
 
     def _word(self, rank: int, parity: int) -> int:
         return ((rank * 2 + parity) * SLOT) // 4
@@ -174,11 +177,18 @@ class Slots:
         if words[word] == number:
             return
         now = time.monotonic()
+        self.waits += 1
+        if self.waits % 1024 == 0:  # probe again: the machine may be quiet now
+            self.spin = SPIN_SECONDS if self.size <= self.cores and \
+                os.getloadavg()[0] < self.cores else 0.0
         if self.spin:
-            end = now + SPIN_SECONDS
+            end = now + self.spin
             while time.monotonic() < end:
                 if words[word] == number:
                     return
+            # spinning did not pay (the others are not running now): spin less, so a
+            # crowded machine's cores go to the ranks that have work
+            self.spin = self.spin / 2 if self.spin > 2e-6 else 0.0
         start, reported = now, False
         addr = self.base + word * 4
         while True:
