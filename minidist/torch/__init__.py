@@ -21,7 +21,7 @@ from ..errors import (
 )
 from ..group import Group, GroupMember
 from ..ops import ReduceOp
-from . import _backend
+from . import _backend, _rendezvous
 from ._api import (
     P2POp,
     all_gather,
@@ -94,3 +94,5 @@ __all__ = [
     "scatter_object_list", "send_object_list", "recv_object_list", "DistError",
     "DistTimeoutError", "PeerLostError", "CollectiveMismatchError", "NotInGroupError",
 ]
+
+_rendezvous.install()
