@@ -41,6 +41,9 @@ def door() -> Door:
         if aio is not None and aio.is_initialized():
             raise DistError("this process uses minidist.aio (await minidist.aio.init()); "
                             "await minidist.aio's functions instead of the blocking API")
+        if "minidist.torch" in sys.modules:
+            raise DistError("minidist is not initialized: call init_process_group() (or "
+                            "minidist.init()) first")
         raise DistError("minidist is not initialized: call minidist.init() first")
     return d
 

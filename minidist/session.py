@@ -285,9 +285,16 @@ class Session:
                 try:
                     seg = segments.attach(name, size)
                 except FileNotFoundError:
-                    raise self.engine._refusal(p.call) or DistError(
-                        f"{p.call.name} on {g!r} failed on rank {self.rank}: rank "
-                        f"{leader} abandoned the set-up of its shared slots") from None
+                    # the first rank gave up on this call: its abort says why, shortly
+                    end = asyncio.get_running_loop().time() + 2.0
+                    while asyncio.get_running_loop().time() < end:
+                        refused = self.engine._refusal(p.call)
+                        if refused is not None:
+                            raise refused from None
+                        await asyncio.sleep(0.01)
+                    raise DistError(f"{p.call.name} on {g!r} failed on rank {self.rank}: "
+                                    f"rank {leader} abandoned the set-up of its shared "
+                                    "slots") from None
                 await self.send(self.plan.prepare_send(b"ok", leader, FAST_TAG, g,
                                                        is_object=True, internal=True))
         except DistTimeoutError:
