@@ -141,12 +141,15 @@ class RendezvousClient:
         self._closing = True
         if self._writer is not None:
             if graceful:
-                with contextlib.suppress(ConnectionError, RuntimeError):
+                # the goodbye must reach the rendezvous, or the others hear "died": on a
+                # crowded machine the loop may wait seconds for its turn, so wait for the
+                # write (closing flushes what is still buffered) rather than give up
+                with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):
                     self._send({"t": "bye"})
-                    await asyncio.wait_for(self._writer.drain(), 2.0)
+                    await asyncio.wait_for(self._writer.drain(), 10.0)
             self._writer.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._writer.wait_closed(), 2.0)
+                await asyncio.wait_for(self._writer.wait_closed(), 10.0 if graceful else 2.0)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
