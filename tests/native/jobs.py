@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
-import psutil
-
-from ..processes.harness import ROOT, clean_env
+from ..processes.harness import ROOT, clean_env, kill_tree
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -50,20 +45,6 @@ def python(code: str, timeout: float = 60,
         return subprocess.CompletedProcess(p.args, p.returncode, out, err)
     finally:
         kill_tree(p)
-
-
-def kill_tree(p: subprocess.Popen) -> None:
-    try:
-        tree = [p.pid, *(c.pid for c in psutil.Process(p.pid).children(recursive=True))]
-    except psutil.NoSuchProcess:
-        tree = [p.pid]
-    for pid in tree:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(Exception):
-        p.communicate(timeout=10)
 
 
 def lines(out: str, prefix: str) -> list[str]:

@@ -110,3 +110,18 @@ def unix_sockets(p: psutil.Process) -> int:
         return len(p.net_connections(kind="unix"))
     except psutil.NoSuchProcess:
         return 0
+
+
+def kill_tree(p: subprocess.Popen) -> None:
+    """Kill ``p`` and everything under it (ranks may run in sessions of their own)."""
+    try:
+        tree = [p.pid, *(c.pid for c in psutil.Process(p.pid).children(recursive=True))]
+    except psutil.NoSuchProcess:
+        tree = [p.pid]
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        p.communicate(timeout=10)

@@ -3,17 +3,12 @@ torchrun-like environment; always cleaned up."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
-import psutil
-
-from ..processes.harness import ROOT, clean_env
+from ..processes.harness import ROOT, clean_env, kill_tree
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -81,16 +76,3 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.Comp
         kill_tree(p)
 
 
-def kill_tree(p: subprocess.Popen) -> None:
-    """Kill ``p`` and everything under it (ranks may run in sessions of their own)."""
-    try:
-        tree = [p.pid, *(c.pid for c in psutil.Process(p.pid).children(recursive=True))]
-    except psutil.NoSuchProcess:
-        tree = [p.pid]
-    for pid in tree:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(Exception):
-        p.communicate(timeout=10)
