@@ -17,8 +17,9 @@ Steps (each in fresh processes, each with its own time limit, all within --budge
             init_process_group("minidist"), against the same training on gloo (needs
             minidist.torch to route CUDA tensors to minidist_native; reported as not
             integrated otherwise)
-7. bench    all_reduce 1 MiB .. 1 GiB: busbw of CUDA IPC (2 and 8 ranks on one GPU), of
-            host staging (2 ranks), and of torch's own nccl backend (one rank per GPU)
+7. bench    all_reduce 1 MiB .. 1 GiB: busbw of CUDA IPC (4, 2 and 8 ranks on one GPU),
+            minidist_native's NCCL and torch's own nccl backend (one rank per GPU: with
+            one GPU, a world of one, compared by time), and host staging (2 ranks)
 
 Writes ``gpu_check.json`` (every figure) and ``gpu_check.md`` (the tables) into --out and
 prints the tables. Exit code 0 when every step that ran passed.
@@ -55,10 +56,14 @@ PLAN = [
     ("kill-ipc", 3, 40),
     ("kill-nccl", 2, 40),
     ("ddp", 2, 75),
+    ("bench-ipc", 4, 50),
+    ("bench-ipc1p", 4, 40),
+    ("latency", 1, 60),
+    ("bench-nccl1", 1, 40),
+    ("bench-torch-nccl", "gpus", 40),
     ("bench-ipc", 2, 45),
     ("bench-ipc", 8, 60),
     ("bench-host", 2, 60),
-    ("bench-torch-nccl", "gpus", 40),
 ]
 
 
@@ -139,8 +144,10 @@ def run_step(name: str, n: int, limit: float, outdir: Path, gpus: int) -> dict:
             extra["MINIDIST_NATIVE_IPC_SLOT_MB"] = "1"
         if name == "bench-host":
             extra["MINIDIST_NATIVE_PATH"] = "host"
-        if name == "bench-torch-nccl":
+        if name in ("bench-torch-nccl", "latency"):
             common += ["--port", str(free_port())]
+        if name == "bench-ipc1p":
+            extra["GPU_CHECK_IPC_ONE_PHASE"] = "1"
         cmd = [sys.executable, "-m", "minidist", "run", "-n", str(n), "--start-method",
                "spawn", "--grace", "20", me, "--worker", name, *common]
     rc, out, took = _launch(cmd, _env(extra), limit)
@@ -197,8 +204,10 @@ def _run_ddp(n: int, limit: float, outdir: Path, gpus: int) -> dict:
     b = np.array(ref[0]["params"])
     same = all(np.array_equal(a[0], x) for x in a)
     close = bool(np.allclose(a[0], b, rtol=1e-4, atol=1e-5))
-    res.update(status="PASS" if same and close else "FAIL",
-               detail=f"ranks agree: {same}; matches gloo: {close}; "
+    api = sorted({f for r in got for f in r.get("api", [])})
+    res.update(status="PASS" if same and close and not api else "FAIL",
+               detail=f"ranks agree: {same}; matches gloo: {close}; torch API calls on "
+                      f"CUDA tensors that failed: {api or 'none'}; "
                       f"max diff {float(np.max(np.abs(a[0] - b))):.2e}; "
                       f"paths {got[0].get('paths')}")
     return res
@@ -244,6 +253,10 @@ def table(results: list[dict]) -> str:
 
 def _size(b: int) -> str:
     return f"{b >> 30} GiB" if b >= 1 << 30 else f"{b >> 20} MiB"
+
+
+def _bytes(b: int) -> str:
+    return _size(b) if b >= MIB else f"{b} B"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -578,6 +591,7 @@ def w_ddp(args: argparse.Namespace) -> int:
         torch.cuda.synchronize()
         out["params"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]
                                   ).cpu().tolist()
+        out["api"] = _torch_api_checks(tdist, rank, tdist.get_world_size(), dev)
         out["status"] = "ok"
         if args.backend == "minidist":
             import minidist_native
@@ -592,6 +606,51 @@ def w_ddp(args: argparse.Namespace) -> int:
                          or "serves CPU tensors only" in text else "error")
     _write(args, out)
     return 0
+
+
+def _torch_api_checks(tdist, rank: int, n: int, dev) -> list[str]:
+    """torch.distributed's calls on CUDA tensors (besides DDP's); the failures."""
+    import torch
+
+    bad = []
+    x = torch.full((1000,), float(rank + 1), device=dev)
+    w = tdist.all_reduce(x, async_op=True)
+    w.wait()
+    if not torch.all(x == n * (n + 1) / 2):
+        bad.append("all_reduce async")
+    f = tdist.all_reduce(x, op=tdist.ReduceOp.MAX, async_op=True).get_future()
+    f.wait()
+    if not torch.all(x == n * (n + 1) / 2):
+        bad.append("all_reduce future")
+    b = torch.full((77,), float(rank), device=dev)
+    tdist.broadcast(b, src=n - 1)
+    if not torch.all(b == n - 1):
+        bad.append("broadcast")
+    out = torch.empty(n * 5, device=dev)
+    tdist.all_gather_into_tensor(out, torch.full((5,), float(rank), device=dev))
+    if not torch.equal(out.cpu(), torch.arange(n).repeat_interleave(5).float()):
+        bad.append("all_gather_into_tensor")
+    lst = [torch.empty(3, device=dev) for _ in range(n)]
+    tdist.all_gather(lst, torch.full((3,), float(rank), device=dev))
+    if any(not torch.all(t == i) for i, t in enumerate(lst)):
+        bad.append("all_gather")
+    rs = torch.empty(4, device=dev)
+    tdist.reduce_scatter_tensor(rs, torch.arange(4 * n, device=dev, dtype=torch.float32))
+    if not torch.equal(rs.cpu(), n * torch.arange(4 * rank, 4 * rank + 4).float()):
+        bad.append("reduce_scatter_tensor")
+    if n > 1:
+        msg = torch.full((9,), 42.0 + rank, device=dev)
+        got = torch.empty(9, device=dev)
+        if rank == 0:
+            tdist.send(msg, 1)
+            tdist.recv(got, 1)
+        elif rank == 1:
+            tdist.recv(got, 0)
+            tdist.send(msg, 0)
+        if rank < 2 and not torch.all(got == 42.0 + (1 - rank)):
+            bad.append("send/recv")
+    torch.cuda.synchronize()
+    return bad
 
 
 # ---------------------------------------------------------------------- bandwidth
@@ -645,12 +704,26 @@ def w_bench(args: argparse.Namespace) -> int:
             bufs[nbytes] = torch.ones(nbytes // 4, device=dev)
         minidist_native.all_reduce(bufs[nbytes])
 
+    if os.environ.get("GPU_CHECK_IPC_ONE_PHASE"):  # every rank reduces whole chunks
+        import minidist_native._ipc as ipc
+
+        ipc.TWO_PHASE_BYTES = 1 << 62
+    # the values first, at sizes that make IPC slots grow (and cross chunks past 256 MiB)
+    wrong = []
+    for numel in (3 << 20, (80 << 20) + 5):
+        x = torch.arange(numel, device=dev, dtype=torch.float32) % 7 + rank
+        minidist_native.all_reduce(x)
+        want = (torch.arange(numel, device=dev, dtype=torch.float32) % 7) * n + n * (n - 1) / 2
+        if not torch.equal(x, want):
+            wrong.append(f"all_reduce of {numel} floats: wrong values")
     rows = _sweep(n, args.deadline, once, torch.cuda.synchronize, rank)
     if rank == 0:
-        _write(args, {"rows": rows, "paths": [c["path"] for c in
+        _write(args, {"status": "FAIL" if wrong else "PASS", "rows": rows,
+                      "paths": [c["path"] for c in
                                               minidist_native.communicators()],
                       "detail": f"{len(rows)} sizes; path "
-                                f"{[c['path'] for c in minidist_native.communicators()]}"})
+                                f"{[c['path'] for c in minidist_native.communicators()]}"
+                                + (f"; {wrong}" if wrong else "")})
     minidist.destroy()
     return 0
 
@@ -687,8 +760,68 @@ def w_bench_torch(args: argparse.Namespace) -> int:
     return 0
 
 
+def w_latency(args: argparse.Namespace) -> int:
+    """A world of one: the time of one small all_reduce (+ synchronize) through
+    minidist_native's NCCL and through torch's nccl backend, interleaved in one process;
+    and where minidist_native's time goes (cProfile)."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+    import torch.distributed as tdist
+
+    import minidist
+    import minidist_native
+
+    minidist.init(timeout=60)
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    tdist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{args.port}", rank=0,
+                             world_size=1, device_id=dev)
+    rows = []
+    for numel in (1, 1 << 18, 1 << 26):
+        x = torch.ones(numel, device=dev)
+        y = torch.ones(numel, device=dev)
+        for _ in range(50):
+            minidist_native.all_reduce(x)
+            tdist.all_reduce(y)
+        torch.cuda.synchronize()
+        ours, theirs = [], []
+        for _ in range(5):
+            for fn, t, acc in ((minidist_native.all_reduce, x, ours),
+                               (tdist.all_reduce, y, theirs)):
+                t0 = time.perf_counter()
+                for _ in range(200):
+                    fn(t)
+                    torch.cuda.synchronize()
+                acc.append((time.perf_counter() - t0) / 200 * 1e6)
+        rows.append({"bytes": numel * 4, "minidist_us": min(ours), "torch_us": min(theirs),
+                     "ratio": min(ours) / min(theirs)})
+    prof = cProfile.Profile()
+    x = torch.ones(1, device=dev)
+    prof.enable()
+    for _ in range(500):
+        minidist_native.all_reduce(x)
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
+    worst = max(r["ratio"] for r in rows)
+    _write(args, {"status": "PASS" if worst <= 1.0 else "SLOWER", "rows_latency": rows,
+                  "detail": "; ".join(f"{_bytes(r['bytes'])}: minidist "
+                                      f"{r['minidist_us']:.1f} us, torch "
+                                      f"{r['torch_us']:.1f} us (x{r['ratio']:.2f})"
+                                      for r in rows),
+                  "profile": text.getvalue()[-6000:]})
+    tdist.destroy_process_group()
+    minidist.destroy()
+    return 0
+
+
 WORKERS = {"env": w_env, "nccl1": w_correct, "nccl": w_correct, "ipc": w_correct,
            "kill-ipc": w_kill, "kill-nccl": w_kill, "ddp": w_ddp, "bench-ipc": w_bench,
+           "bench-nccl1": w_bench, "bench-ipc1p": w_bench, "latency": w_latency,
            "bench-host": w_bench, "bench-torch-nccl": w_bench_torch}
 
 if __name__ == "__main__":

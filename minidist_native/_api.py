@@ -34,12 +34,13 @@ class NativeWork:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until done; raise the call's error. ``timeout`` (seconds) bounds only
         this wait (DistTimeoutError; the call goes on)."""
-        try:
-            self.future.result(timeout)
-        except concurrent.futures.TimeoutError:
+        from ._watchdog import watchdog
+
+        if not watchdog().settle(self.future, timeout):
             raise DistTimeoutError(f"{PREFIX}{self.what} not done within {timeout:g} s "
                                    "(the call itself goes on)",
                                    collective=self.what) from None
+        self.future.result()
         return True
 
     def is_completed(self) -> bool:

@@ -129,6 +129,12 @@ class _Base:
     def check_async(self, what: str) -> BaseException | None:
         return None
 
+    def _solo(self, op: ReduceOp) -> ReduceOp:
+        """AVG over a communicator of one rank is SUM: the values themselves. (NCCL
+        2.28's ncclAvg on one rank returned wrong values for large out-of-place
+        reduce_scatter on an H200.)"""
+        return ReduceOp.SUM if self.n == 1 and op == ReduceOp.AVG else op
+
     def abort(self, error: BaseException) -> None:
         """Fail the communicator with ``error`` (the first one stays) and abort it."""
         with self._nccl:
@@ -186,7 +192,7 @@ class _Base:
         what = "all_reduce"
         with self._lock:
             self._usable(what)
-            low = lower(op, t.dtype, what)
+            low = lower(self._solo(op), t.dtype, what)
             flat, post = dense(t)
             keep = [flat]
             if low.kind == "gather":
@@ -215,7 +221,7 @@ class _Base:
         what = "reduce"
         with self._lock:
             self._usable(what)
-            low = lower(op, t.dtype, what)
+            low = lower(self._solo(op), t.dtype, what)
             flat, post = dense(t)
             keep = [flat]
             if low.kind == "gather":
@@ -251,7 +257,7 @@ class _Base:
         what = "reduce_scatter"
         with self._lock:
             self._usable(what)
-            low = lower(op, inp.dtype, what)
+            low = lower(self._solo(op), inp.dtype, what)
             src, _ = dense(inp)
             dst, post = dense(out)
             m = dst.numel()

@@ -229,14 +229,35 @@ class Context:
              timeout: float, ex: Exchange) -> Any:
         import torch
 
-        from ._ipc import CudaSlots, IpcPath, slot_capacity
+        from ._ipc import INITIAL_CAPACITY, CudaSlots, IpcPath, regrow, slot_capacity
 
-        slots = CudaSlots(key.device, slot_capacity(), device_uuid)
+        cap = slot_capacity()
+        slots = CudaSlots(key.device, min(cap, INITIAL_CAPACITY), device_uuid)
         slots.attach(ex.share_blobs(slots.export()), me)
         device = torch.device("cuda", key.device)
         what = f"CUDA IPC call on {key}"
-        return IpcPath(slots, me, len(ranks), lambda: minidist.barrier(group), device,
-                       completion=lambda: event_future(device, timeout, what))
+
+        def grow(capacity: int) -> Any:
+            # this process's reads of the old slots end before it shares the new ones,
+            # and it frees its old slots only once every member has shared: so nobody
+            # still reads a slot that is freed
+            torch.cuda.synchronize(device)
+            grown = Exchange(self.store, self.ordinals.next(key), ranks, me,
+                             time.monotonic() + timeout, f"growing the CUDA IPC slots of {key}")
+            try:
+                new = regrow(path.slots, lambda c: CudaSlots(key.device, c, device_uuid),
+                             grown.share_blobs, capacity, me)
+            except BaseException as e:
+                if not isinstance(e, DistTimeoutError):
+                    grown.fail(f"{type(e).__name__}: {e}")
+                raise
+            grown.finish()
+            return new
+
+        path = IpcPath(slots, me, len(ranks), lambda: minidist.barrier(group), device,
+                       completion=lambda: event_future(device, timeout, what),
+                       grow=grow, cap=cap)
+        return path
 
     # ------------------------------------------------------------------ the end
 

@@ -14,6 +14,12 @@ its tensor through the slots in chunks, all GPU work on the caller's current str
    reduce on the GPU (all_reduce of larger chunks first reduce-scatters through the
    slots, *reduced*, a second barrier, then gathers), and record *read*.
 
+Slots start small and grow to fit the calls (up to ``MINIDIST_NATIVE_IPC_SLOT_MB``): a
+call of a size every member shares makes all of them grow together, through the
+rendezvous, so that a large tensor crosses in one chunk. Each chunk costs the ranks
+that share a GPU a switch between their CUDA contexts, which costs more than moving
+the bytes.
+
 Slots alternate, so the barrier of the next chunk is what proves that the peers have
 recorded the *read* event the chunk after that waits on: one or two barriers per
 chunk, and the host never waits for the GPU. Every rank reduces in the same rank
@@ -42,8 +48,10 @@ from ._dtypes import reduce_into
 
 WRITTEN, REDUCED, READ = 0, 1, 2
 
-#: bytes per slot unless MINIDIST_NATIVE_IPC_SLOT_MB says otherwise
-DEFAULT_CAPACITY = 32 << 20
+#: the largest slot, in bytes, unless MINIDIST_NATIVE_IPC_SLOT_MB says otherwise
+DEFAULT_CAPACITY = 256 << 20
+#: the slots' size at set-up (or the largest, if smaller)
+INITIAL_CAPACITY = 4 << 20
 #: below this many bytes per chunk, all_reduce reads every peer's whole chunk (one
 #: barrier); above, it reduce-scatters then gathers (two barriers, 2x the bytes read
 #: instead of n x)
@@ -51,6 +59,7 @@ TWO_PHASE_BYTES = 256 << 10
 
 
 def slot_capacity(environ: dict | None = None) -> int:
+    """The largest slot in bytes: ``MINIDIST_NATIVE_IPC_SLOT_MB`` (MiB, > 0) or 256 MiB."""
     env = os.environ if environ is None else environ
     raw = env.get("MINIDIST_NATIVE_IPC_SLOT_MB", "")
     if not raw:
@@ -291,16 +300,49 @@ def dense(t: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
     return flat, post
 
 
+def grown_capacity(current: int, needed: int, cap: int) -> int:
+    """The slot size that a call of ``needed`` bytes per slot grows ``current`` to
+    (``current`` itself when it fits or the cap is reached): a power of two times
+    ``current``, at most ``cap``."""
+    if needed <= current or current >= cap:
+        return current
+    new = current
+    while new < needed:
+        new *= 2
+    return min(new, cap)
+
+
+def regrow(old: Slots, make: Callable[[int], Slots],
+           share: Callable[[bytes], list[bytes]], capacity: int, me: int) -> Slots:
+    """New slots of ``capacity`` bytes for every member: made, their handles shared
+    (``share`` is a rendezvous of the group's members, after which no member reads
+    the old slots), attached; the old ones closed."""
+    new = make(capacity)
+    try:
+        new.attach(share(new.export()), me)
+    except BaseException:
+        new.close()
+        raise
+    old.close()
+    return new
+
+
 class IpcPath:
     """The collectives of one group over :class:`Slots`. ``me`` is this member's group
-    rank, roots are group ranks; ``barrier()`` is the group's host barrier."""
+    rank, roots are group ranks; ``barrier()`` is the group's host barrier.
+    ``grow(capacity)``, where given, returns the group's new, larger slots (a
+    collective: every member calls it at the same call); ``cap`` bounds their size."""
 
     name = "ipc"
 
     def __init__(self, slots: Slots, me: int, n: int, barrier: Callable[[], None],
                  device: torch.device | None = None,
-                 completion: Callable[[], concurrent.futures.Future] | None = None) -> None:
+                 completion: Callable[[], concurrent.futures.Future] | None = None,
+                 grow: Callable[[int], Slots] | None = None, cap: int = 0) -> None:
         self.slots = slots
+        self._grow = grow
+        self.cap = cap or slots.capacity
+        self.grown = 0  # times the slots grew
         self.me = me
         self.n = n
         self.others = [i for i in range(n) if i != me]
@@ -310,6 +352,17 @@ class IpcPath:
         self._completion = completion
         self.chunks = 0  # chunks moved (for tests and stats)
         self.two_phase = 0  # all_reduce chunks that reduce-scattered, then gathered
+
+    def _fit(self, nbytes: int) -> None:
+        """Grow the slots (every member does, at the same call) so that ``nbytes`` fit
+        in one chunk, as far as the cap allows."""
+        if self._grow is None:
+            return
+        new = grown_capacity(self.slots.capacity, nbytes, self.cap)
+        if new != self.slots.capacity:
+            self.slots = self._grow(new)
+            self._next = 0
+            self.grown += 1
 
     def _slot(self) -> int:
         s = self._next
@@ -346,6 +399,7 @@ class IpcPath:
     def all_reduce(self, t: torch.Tensor, op: ReduceOp) -> concurrent.futures.Future:
         flat, post = dense(t)
         dt = flat.dtype
+        self._fit(flat.numel() * flat.element_size())
         per = self._per(dt)
         width = flat.element_size()
         for a in range(0, flat.numel(), per):
@@ -377,6 +431,7 @@ class IpcPath:
     def broadcast(self, t: torch.Tensor, root: int) -> concurrent.futures.Future:
         flat, post = dense(t)
         raw = flat.view(torch.uint8) if flat.numel() else flat
+        self._fit(raw.numel())
         per = self._per(torch.uint8)
         for a in range(0, raw.numel(), per):
             b = min(raw.numel(), a + per)
@@ -395,6 +450,7 @@ class IpcPath:
     def reduce(self, t: torch.Tensor, op: ReduceOp, root: int) -> concurrent.futures.Future:
         flat, post = dense(t)
         dt = flat.dtype
+        self._fit(flat.numel() * flat.element_size())
         per = self._per(dt)
         for a in range(0, flat.numel(), per):
             b = min(flat.numel(), a + per)
@@ -421,6 +477,7 @@ class IpcPath:
         raw_in = src.view(torch.uint8) if m else src
         raw_out = dst.view(torch.uint8) if m else dst
         mb = raw_in.numel()
+        self._fit(mb)
         per = self._per(torch.uint8)
         for a in range(0, mb, per):
             b = min(mb, a + per)
@@ -444,6 +501,7 @@ class IpcPath:
             raise ValueError(f"reduce_scatter: the input has {src.numel()} elements, not "
                              f"{m} x {self.n}")
         dt = src.dtype
+        self._fit(src.numel() * src.element_size())
         per = self._per(dt, self.n)
         for a in range(0, m, per):
             b = min(m, a + per)

@@ -7,6 +7,9 @@ lost, or its deadline passed; then the item itself aborts its communicator, so t
 the stream it blocks is released, and the future fails with the minidist error. The
 thread spins briefly after new work, then backs off to 1 ms sleeps, and sleeps on a
 condition when nothing is in flight.
+
+A caller that waits for its own call takes the item back (:meth:`Watchdog.settle`) and
+polls it on its own thread: no hand-off between threads on the way back.
 """
 
 from __future__ import annotations
@@ -47,7 +50,50 @@ class Watchdog:
                 self._thread.start()
             self._items.append(item)
             self._cond.notify()
+        item.future.watched = item  # type: ignore[attr-defined]  (for settle)
         return item.future
+
+    def claim(self, item: Watched) -> bool:
+        """Take ``item`` back from the thread (True), unless it is finished or being
+        finished there (False: its future tells the outcome)."""
+        with self._cond:
+            if item in self._items:
+                self._items.remove(item)
+                return True
+            return False
+
+    def settle(self, future: concurrent.futures.Future, timeout: float | None = None
+               ) -> bool:
+        """Wait for ``future`` (one that :meth:`add` returned) by polling its item on the
+        caller's thread; True when it is done (its outcome set), False when ``timeout``
+        seconds passed first (the item is handed back to the thread)."""
+        item = getattr(future, "watched", None)
+        if item is None or not self.claim(item):
+            try:
+                future.exception(timeout)
+            except concurrent.futures.TimeoutError:
+                return False
+            return True
+        end = None if timeout is None else self.clock() + timeout
+        idle = 0
+        while True:
+            now = self.clock()
+            try:
+                done, error = item.poll(now)
+            except BaseException as e:  # noqa: BLE001 - the poll itself failed
+                done, error = True, e
+            if done:
+                if not future.done():
+                    if error is None:
+                        future.set_result(None)
+                    else:
+                        future.set_exception(error)
+                return True
+            if end is not None and now >= end:
+                self.add(item)
+                return False
+            idle += 1
+            _pause(idle, self.max_sleep)
 
     def pending(self) -> int:
         with self._cond:
@@ -80,7 +126,8 @@ class Watchdog:
                 if done:
                     finished.append((item, error))
             if finished:
-                with self._cond:
+                with self._cond:  # a caller may have claimed one meanwhile
+                    finished = [(i, e) for i, e in finished if i in self._items]
                     for item, _ in finished:
                         self._items.remove(item)
                 for item, error in finished:
@@ -94,18 +141,22 @@ class Watchdog:
                 idle = 0
                 continue
             idle += 1
-            # a few busy polls first (a short collective ends within microseconds of
-            # being noticed), then sleeps growing to max_sleep
-            if idle > 50:
-                time.sleep(min(self.max_sleep, 1e-5 * (idle - 50)))
-            else:
-                time.sleep(0)
+            _pause(idle, self.max_sleep)
 
     def _after_fork(self) -> None:
         self._items = []
         self._cond = threading.Condition()
         self._thread = None
         self._stopping = False
+
+
+def _pause(idle: int, max_sleep: float) -> None:
+    """A few busy polls first (a short collective ends within microseconds of being
+    noticed), then sleeps growing to ``max_sleep``."""
+    if idle > 50:
+        time.sleep(min(max_sleep, 1e-5 * (idle - 50)))
+    else:
+        time.sleep(0)
 
 
 _dog: Watchdog | None = None

@@ -27,8 +27,8 @@ def test_dry_run_prints_the_plan_and_exits_0():
     r = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], capture_output=True,
                        text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    for step in ("env", "nccl1", "ipc", "kill-ipc", "ddp", "bench-ipc", "bench-host",
-                 "bench-torch-nccl"):
+    for step in ("env", "nccl1", "ipc", "kill-ipc", "ddp", "bench-ipc", "bench-nccl1",
+                 "bench-host", "bench-torch-nccl"):
         assert f"  {step} " in r.stdout, step
     assert "1 MiB, 4 MiB, 16 MiB, 64 MiB, 256 MiB, 1 GiB" in r.stdout
     assert "budget 450 s" in r.stdout
@@ -41,8 +41,10 @@ def test_the_plan_fits_and_every_step_has_a_worker():
     assert {s[0] for s in one if s[3]} == {"nccl", "kill-nccl"}  # need 2+ GPUs
     assert [s[1] for s in one if s[0] == "ipc"] == [2, 4, 8]
     assert g.steps({"ipc"}, 1) == [s for s in one if s[0] == "ipc"]
-    assert [s[0] for s in g.steps({"bench"}, 4)] == ["bench-ipc", "bench-ipc",
-                                                     "bench-host", "bench-torch-nccl"]
+    assert [s[0] for s in g.steps({"bench"}, 4)] == [
+        "bench-ipc", "bench-ipc1p", "bench-nccl1", "bench-torch-nccl", "bench-ipc",
+        "bench-ipc", "bench-host"]
+    assert [s[1] for s in g.steps({"bench-ipc"}, 1)] == [4, 2, 8]
     assert all(s[1] == 4 for s in g.steps({"bench-torch-nccl", "nccl"}, 4))
     assert {name for name, _, _ in g.PLAN} <= set(g.WORKERS)
     assert all(callable(f) for f in g.WORKERS.values())

@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from minidist_native._ipc import _segments, load_handles, slot_capacity
+from minidist_native._ipc import _segments, grown_capacity, load_handles, slot_capacity
 
 from .conftest import torch
 
@@ -32,10 +32,19 @@ def test_anything_else_is_refused(evil):
 
 
 def test_slot_sizes_and_segments(monkeypatch):
-    assert slot_capacity({}) == 32 << 20
+    assert slot_capacity({}) == 256 << 20
     assert slot_capacity({"MINIDIST_NATIVE_IPC_SLOT_MB": "1"}) == 1 << 20
     assert slot_capacity({"MINIDIST_NATIVE_IPC_SLOT_MB": "0.0001"}) == 4096
     with pytest.raises(ValueError):
         slot_capacity({"MINIDIST_NATIVE_IPC_SLOT_MB": "-1"})
     assert _segments(10, 3) == [(0, 4), (4, 7), (7, 10)]
     assert _segments(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
+
+
+def test_slots_grow_by_powers_of_two_up_to_the_cap():
+    assert grown_capacity(4 << 20, 1 << 20, 256 << 20) == 4 << 20  # fits
+    assert grown_capacity(4 << 20, (4 << 20) + 1, 256 << 20) == 8 << 20
+    assert grown_capacity(4 << 20, 100 << 20, 256 << 20) == 128 << 20
+    assert grown_capacity(4 << 20, 1 << 30, 256 << 20) == 256 << 20  # the cap
+    assert grown_capacity(256 << 20, 1 << 30, 256 << 20) == 256 << 20
+    assert grown_capacity(1 << 20, 1 << 30, 1 << 20) == 1 << 20  # cap below the start

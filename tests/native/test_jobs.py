@@ -81,15 +81,26 @@ def test_staged_calls_meet_a_cpu_rank_using_minidist_torch():
     assert len(lines(out, "OK ")) == 3
 
 
-@pytest.mark.parametrize("n,capacity", [(3, 4096), (4, 1 << 20)])
-def test_the_ipc_algorithm_over_host_shared_memory(n, capacity):
-    out = ok(run(n, "staged.py", "ipc", str(capacity)))
+@pytest.mark.parametrize("n,capacity,cap", [(3, 4096, 0), (4, 1 << 20, 0),
+                                            (3, 4096, 1 << 20), (3, 4096, 16384)])
+def test_the_ipc_algorithm_over_host_shared_memory(n, capacity, cap):
+    args = [str(capacity)] + ([str(cap)] if cap else [])
+    out = ok(run(n, "staged.py", "ipc", *args))
     assert len(lines(out, "OK ")) == n
     chunks = lines(out, "CHUNKS ")
     assert len(set(chunks)) == 1  # every rank moved the same chunks
-    m = re.match(r"(\d+) TWO_PHASE (\d+)", chunks[0])
-    if capacity == 4096:
+    m = re.match(r"(\d+) TWO_PHASE (\d+) GROWN (\d+) CAPACITY (\d+)", chunks[0])
+    if cap:  # grew together, by powers of two, up to the cap and no further
+        grown, size = int(m.group(3)), int(m.group(4))
+        assert grown >= 1 and size <= cap and size % capacity == 0
+        assert (size // capacity) & (size // capacity - 1) == 0
+        if cap == 16384:
+            assert size == cap  # the test's larger calls need more than that
+        else:
+            assert int(m.group(1)) < 1000  # large calls in one chunk
+    elif capacity == 4096:
         assert int(m.group(1)) > 1000  # small slots: many chunks, slots alternating
+        assert int(m.group(3)) == 0
     else:
         assert int(m.group(2)) > 0  # large chunks of 4 ranks: reduce-scatter + gather
 

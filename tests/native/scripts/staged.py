@@ -17,7 +17,7 @@ from minidist import ReduceOp
 from minidist_native import _dtypes
 from minidist_native._exchange import Exchange
 from minidist_native._host import HostPath
-from minidist_native._ipc import HostSlots, IpcPath
+from minidist_native._ipc import HostSlots, IpcPath, regrow
 from minidist_native._keys import Ordinals, group_key
 
 mode = sys.argv[1]
@@ -66,7 +66,22 @@ elif mode == "ipc":
     slots.attach(ex.share_blobs(slots.export()), rank)
     minidist.barrier()
     slots.unlink()  # every member has mapped every slot
-    path = IpcPath(slots, rank, n, lambda: minidist.barrier())
+    grow = None
+    if len(sys.argv) > 3:  # slots that start at `capacity` and grow up to argv[3] bytes
+        ordinals = Ordinals()
+
+        def grow(capacity):
+            grown = Exchange(minidist.get_store(), ordinals.next(group_key(1, ranks, 0)),
+                             ranks, rank, time.monotonic() + 30, "ipc test growth")
+            new = regrow(path.slots, lambda c: HostSlots(c, "test-"), grown.share_blobs,
+                         capacity, rank)
+            minidist.barrier()
+            new.unlink()
+            grown.finish()
+            return new
+
+    path = IpcPath(slots, rank, n, lambda: minidist.barrier(), grow=grow,
+                   cap=int(sys.argv[3]) if len(sys.argv) > 3 else 0)
 else:
     raise SystemExit(f"unknown mode {mode}")
 
@@ -193,6 +208,7 @@ if hasattr(path, "send"):
         checks += 1
 
 if mode == "ipc":
-    print(f"CHUNKS {path.chunks} TWO_PHASE {path.two_phase}", flush=True)
+    print(f"CHUNKS {path.chunks} TWO_PHASE {path.two_phase} GROWN {path.grown} "
+          f"CAPACITY {path.slots.capacity}", flush=True)
 print(f"OK {checks}", flush=True)
 minidist.destroy()
