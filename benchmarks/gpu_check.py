@@ -591,7 +591,8 @@ def w_ddp(args: argparse.Namespace) -> int:
         torch.cuda.synchronize()
         out["params"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]
                                   ).cpu().tolist()
-        out["api"] = _torch_api_checks(tdist, rank, tdist.get_world_size(), dev)
+        if args.backend == "minidist":  # (gloo's send of a CUDA tensor can crash it)
+            out["api"] = _torch_api_checks(tdist, rank, tdist.get_world_size(), dev)
         out["status"] = "ok"
         if args.backend == "minidist":
             import minidist_native

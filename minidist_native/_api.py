@@ -62,14 +62,21 @@ def handles(tensor: Any) -> bool:
     return getattr(getattr(tensor, "device", None), "type", None) == "cuda"
 
 
+_served: Any = None  # the Availability, once it said that CUDA tensors can be served
+
+
 def require(what: str = "minidist_native") -> Any:
     """The :class:`Availability` when CUDA tensors can be served here; else DistError
     saying why (no CUDA ...)."""
+    global _served
+    if _served is not None:
+        return _served
     from ._availability import available
 
     av = available()
     if not av.serves_cuda:
         raise DistError(f"{PREFIX}{what} needs CUDA: {av.reason}")
+    _served = av
     return av
 
 
@@ -99,16 +106,22 @@ def _where(group: Any, t: Any, what: str) -> tuple[Any, Any, Any, int]:
 
     ctx = context()
     g = ctx.door.plan.group(group, what)
-    key = group_key(g.id, g.ranks, _index(t))
-    return ctx, g, key, g.rank_of(ctx.door.rank)
+    where = ctx.keys.get((g.id, g.ranks, _index(t)))
+    if where is None:
+        where = (group_key(g.id, g.ranks, _index(t)), g.rank_of(ctx.door.rank))
+        ctx.keys[(g.id, g.ranks, _index(t))] = where
+    return ctx, g, where[0], where[1]
 
 
 def _finish(fut: concurrent.futures.Future, what: str, async_op: bool
             ) -> NativeWork | None:
-    w = NativeWork(fut, what)
+    from ._watchdog import watchdog
+
     if async_op:
-        return w
-    w.wait()
+        watchdog().start(fut)
+        return NativeWork(fut, what)
+    watchdog().settle(fut)  # polled on this thread
+    fut.result()
     return None
 
 

@@ -42,6 +42,23 @@ from ._watchdog import watchdog
 DEPARTURE_GRACE = 2.0
 
 
+_streams: dict[tuple[int, int, int], Any] = {}
+
+
+def current_stream(index: int) -> Any:
+    """The current CUDA stream of device ``index`` (torch.cuda.current_stream's, with
+    its Python object made once per stream)."""
+    get = getattr(torch._C, "_cuda_getCurrentStream", None)
+    if get is None:
+        return torch.cuda.current_stream(index)
+    sid = tuple(get(index))
+    s = _streams.get(sid)
+    if s is None:
+        s = _streams[sid] = torch.cuda.Stream(stream_id=sid[0], device_index=sid[1],
+                                              device_type=sid[2])
+    return s
+
+
 class Failed(DistError):
     """Raised into calls of a communicator that failed earlier (see :func:`unusable`)."""
 
@@ -97,6 +114,7 @@ class _Base:
         self.n = len(self.ranks)
         self.me = me
         self.device = torch.device("cuda", device)
+        self.index = device
         self.timeout = timeout
         self.failure: BaseException | None = None
         #: a peer that left normally (not an error yet: see _Pending.poll)
@@ -155,13 +173,13 @@ class _Base:
             raise unusable(self.failure, what)
 
     def _stream(self) -> Any:
-        return torch.cuda.current_stream(self.device)
+        return current_stream(self.index)
 
     def _watch(self, what: str, keep: list) -> concurrent.futures.Future:
         ev = torch.cuda.Event()
         ev.record(self._stream())
         item = _Pending(self, ev, time.monotonic() + self.timeout, what, keep)
-        return watchdog().add(item)
+        return watchdog().defer(item)
 
     # ------------------------------------------------------------------ primitives
 

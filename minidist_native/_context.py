@@ -95,9 +95,11 @@ def event_future(device: Any, timeout: float, what: str) -> concurrent.futures.F
     done (failed with DistTimeoutError past ``timeout``)."""
     import torch
 
+    from ._comm import current_stream
+
     ev = torch.cuda.Event()
-    ev.record(torch.cuda.current_stream(device))
-    return watchdog().add(_EventPending(ev, time.monotonic() + timeout, what, timeout))
+    ev.record(current_stream(device.index))
+    return watchdog().defer(_EventPending(ev, time.monotonic() + timeout, what, timeout))
 
 
 # ---------------------------------------------------------------------- the context
@@ -108,6 +110,8 @@ class Context:
         self.door = door
         self.store = minidist.Store(door)
         self.paths: dict[CommKey, Any] = {}
+        #: (group id, ranks, device) -> (its CommKey, this rank's index): made once
+        self.keys: dict[tuple[int, tuple[int, ...], int], tuple[CommKey, int]] = {}
         self.choices: dict[CommKey, Choice] = {}
         self.broken: dict[CommKey, BaseException] = {}
         self.ordinals = Ordinals()
@@ -123,6 +127,10 @@ class Context:
         """The path of ``key`` (set up on first use). ``group`` is the minidist group
         (None: the world), ``ranks`` the communicator's global ranks, ``me`` this
         process's index in them."""
+        p = self.paths.get(key)
+        if p is not None and not self.closed and getattr(p, "failure", None) is None \
+                and key not in self.broken:
+            return p
         with self.lock:
             if self.closed:
                 raise DistError(f"{PREFIX}{what}: minidist_native was shut down")

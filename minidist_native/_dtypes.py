@@ -87,9 +87,19 @@ class Lowering:
     nccl_op: int = -1
 
 
+_LOWERED: dict[tuple[ReduceOp, torch.dtype], Lowering] = {}
+
+
 def lower(op: ReduceOp, dtype: torch.dtype, what: str = "reduction") -> Lowering:
     """The NCCL lowering of ``op`` on ``dtype`` (TypeError where it is not defined)."""
-    check_reduce(op, dtype, what)
+    low = _LOWERED.get((op, dtype))
+    if low is None:
+        check_reduce(op, dtype, what)
+        low = _LOWERED[(op, dtype)] = _lower(op, dtype)
+    return low
+
+
+def _lower(op: ReduceOp, dtype: torch.dtype) -> Lowering:
     if dtype == torch.bool:
         table = {ReduceOp.SUM: N.MAX, ReduceOp.MAX: N.MAX, ReduceOp.BOR: N.MAX,
                  ReduceOp.PRODUCT: N.MIN, ReduceOp.MIN: N.MIN, ReduceOp.BAND: N.MIN}

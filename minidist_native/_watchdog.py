@@ -8,8 +8,10 @@ the stream it blocks is released, and the future fails with the minidist error. 
 thread spins briefly after new work, then backs off to 1 ms sleeps, and sleeps on a
 condition when nothing is in flight.
 
-A caller that waits for its own call takes the item back (:meth:`Watchdog.settle`) and
-polls it on its own thread: no hand-off between threads on the way back.
+A blocking call never reaches the thread: its item is made with :meth:`Watchdog.defer`
+and polled on the caller's own thread (:meth:`Watchdog.settle`), with no hand-off
+between threads. An asynchronous call's item is handed to the thread
+(:meth:`Watchdog.start`); a caller that later waits for it takes it back.
 """
 
 from __future__ import annotations
@@ -50,8 +52,25 @@ class Watchdog:
                 self._thread.start()
             self._items.append(item)
             self._cond.notify()
-        item.future.watched = item  # type: ignore[attr-defined]  (for settle)
-        return item.future
+        f = item.future
+        f.watched = item  # type: ignore[attr-defined]  (for settle)
+        f.registered = True  # type: ignore[attr-defined]
+        return f
+
+    @staticmethod
+    def defer(item: Watched) -> concurrent.futures.Future:
+        """``item``'s future, not yet watched by the thread: :meth:`settle` polls it on
+        the caller's thread, :meth:`start` hands it to the thread."""
+        f = item.future
+        f.watched = item  # type: ignore[attr-defined]
+        f.registered = False  # type: ignore[attr-defined]
+        return f
+
+    def start(self, future: concurrent.futures.Future) -> None:
+        """Have the thread watch a deferred future's item (no-op for any other)."""
+        item = getattr(future, "watched", None)
+        if item is not None and not getattr(future, "registered", True):
+            self.add(item)
 
     def claim(self, item: Watched) -> bool:
         """Take ``item`` back from the thread (True), unless it is finished or being
@@ -68,7 +87,7 @@ class Watchdog:
         caller's thread; True when it is done (its outcome set), False when ``timeout``
         seconds passed first (the item is handed back to the thread)."""
         item = getattr(future, "watched", None)
-        if item is None or not self.claim(item):
+        if item is None or (getattr(future, "registered", False) and not self.claim(item)):
             try:
                 future.exception(timeout)
             except concurrent.futures.TimeoutError:

@@ -188,3 +188,63 @@ def test_a_call_after_a_peer_left_fails_at_once():
     with pytest.raises(minidist.PeerLostError, match="unusable since a call on it failed"):
         c._usable("broadcast")
     assert lib.aborted == [0xC0FFEE]
+
+
+class Counting:
+    """An item that counts its polls and which threads polled it."""
+
+    def __init__(self, done_after_polls, error=None):
+        import threading
+
+        self.future = concurrent.futures.Future()
+        self.polls = 0
+        self.threads = set()
+        self.left = done_after_polls
+        self.error = error
+        self._threading = threading
+
+    def poll(self, now):
+        self.polls += 1
+        self.threads.add(self._threading.current_thread().name)
+        self.left -= 1
+        return (self.left <= 0), (self.error if self.left <= 0 else None)
+
+
+def test_a_deferred_item_is_settled_on_the_callers_thread_only():
+    dog = Watchdog(name="test-dog-defer")
+    item = Counting(30)
+    f = dog.defer(item)
+    assert dog.settle(f) and f.result() is None
+    assert item.threads == {"MainThread"} and item.polls == 30
+    assert dog.pending() == 0 and dog._thread is None  # the thread never started
+    bad = Counting(3, minidist.PeerLostError("gone"))
+    f = dog.defer(bad)
+    assert dog.settle(f)
+    with pytest.raises(minidist.PeerLostError):
+        f.result()
+
+
+def test_a_settle_that_times_out_hands_the_item_to_the_thread():
+    dog = Watchdog(name="test-dog-handover")
+    item = Counting(10**9)
+    f = dog.defer(item)
+    assert not dog.settle(f, timeout=0.05)
+    assert dog.pending() == 1  # the thread watches it now
+    item.left = 1
+    f.result(timeout=5)
+    assert "test-dog-handover" in item.threads
+    dog.stop()
+
+
+def test_a_started_item_is_taken_back_by_a_waiting_caller():
+    dog = Watchdog(name="test-dog-start")
+    slow = Counting(10**9)
+    f = dog.defer(slow)
+    dog.start(f)
+    assert dog.pending() == 1
+    slow.left = 10**9
+    assert not dog.settle(f, timeout=0.05)  # claimed, polled here, then handed back
+    assert dog.pending() == 1
+    slow.left = 1
+    assert dog.settle(f, timeout=5) and f.done()
+    dog.stop()
