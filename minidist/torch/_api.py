@@ -505,13 +505,14 @@ def isend(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: 
 def irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0,
           group_src: int | None = None) -> Work | None:
     """Receive into ``tensor`` the next message from global rank ``src`` with ``tag``.
-    ``src=None`` (any source) is not supported: NotImplementedError."""
+    ``src=None`` (and no ``group_src``): the first such message from any rank of the
+    group; the Work's ``source_rank()`` is then the sender's global rank, and its
+    ``_source_rank()`` (torch's) the sender's rank in the group."""
     g = _group(group)
     if _skip(g, "irecv"):
         return None
     if src is None and group_src is None:
-        raise NotImplementedError("minidist.torch: recv from any source (src=None) is "
-                                  "not supported; name the source rank")
+        return C.irecv(tensor, None, tag, g)
     return C.irecv(tensor, _root(g, src, group_src, "src"), tag, g)
 
 
@@ -525,7 +526,7 @@ def send(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: i
 def recv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0,
          group_src: int | None = None) -> int:
     """Blocking :func:`irecv`; returns the global rank of the sender (-1 outside the
-    group)."""
+    group), also for a receive from any source (``src=None``)."""
     w = irecv(tensor, src, group, tag, group_src)
     if w is None:
         return -1
@@ -651,16 +652,15 @@ def send_object_list(object_list: list[Any], dst: int | None = None, group: Any 
 def recv_object_list(object_list: list[Any], src: int | None = None, group: Any = None,
                      device: Any = None, group_src: int | None = None,
                      use_batch: bool = False) -> int:
-    """Fill ``object_list`` with the objects sent by ``send_object_list`` from ``src``;
-    returns ``src`` (``src=None``, any source, is not supported)."""
+    """Fill ``object_list`` with the objects sent by ``send_object_list`` from ``src``
+    (``src=None`` and no ``group_src``: from any rank of the group); returns the
+    sender's global rank."""
     g = _group(group)
     if _skip(g, "recv_object_list"):
         return -1
-    if src is None and group_src is None:
-        raise NotImplementedError("minidist.torch: recv_object_list from any source "
-                                  "(src=None) is not supported; name the source rank")
-    src = _root(g, src, group_src, "src")
-    values = C.recv_object(src, g)
+    if src is not None or group_src is not None:
+        src = _root(g, src, group_src, "src")
+    values, src = C.recv_object(src, g)
     if len(values) != len(object_list):
         raise ValueError(f"recv_object_list: rank {src} sent {len(values)} objects; this "
                          f"rank's list has {len(object_list)} slots")

@@ -404,8 +404,10 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
                                          self._md_group))
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
-        raise NotImplementedError("minidist: recv from any source (src=None) is not "
-                                  "supported; name the source rank")
+        """A receive from any rank of the group (``torch.distributed.recv(t)`` /
+        ``irecv(t)`` without ``src``): the Work's ``_source_rank()`` is the sender's rank
+        in this group, which torch turns into the global rank it returns."""
+        return self._issue(None, C.irecv(_one(tensors, "recv"), None, tag, self._md_group))
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -416,10 +416,13 @@ def isend(t: torch.Tensor, dst: int, tag: int, g: Group | None) -> Work:
 
 
 @_ordered
-def irecv(t: torch.Tensor, src: int, tag: int, g: Group | None) -> Work:
+def irecv(t: torch.Tensor, src: int | None, tag: int, g: Group | None) -> Work:
+    """A receive from global rank ``src`` (None: from any rank of ``g``, the first
+    message with ``tag`` to arrive; the Work's ``source_rank()`` is then the sender)."""
     arr, post = as_output(t, "recv")
     w = md.irecv(arr, src, tag, g)
-    return Work(_futures(w), post, [t], "recv", source_rank=src)
+    return Work(_futures(w), post, [t], "recv",
+                source_rank=w.source_rank if src is None else src, group_ranks=members(g))
 
 
 @_ordered
@@ -436,13 +439,18 @@ def send_object(obj: Any, dst: int, g: Group | None) -> None:
 
 
 @_ordered
-def _submit_recv_object(src: int, g: Group | None):
+def _submit_recv_object(src: int | None, g: Group | None):
     d = md.door()
-    return d.submit(d.plan.prepare_recv(None, src, TAG_OBJECT, g, internal=True))
+    item = d.plan.prepare_recv(None, src, TAG_OBJECT, g, internal=True)
+    return d.submit(item), item
 
 
-def recv_object(src: int, g: Group | None) -> Any:
-    return pickle.loads(_submit_recv_object(src, g).result())
+def recv_object(src: int | None, g: Group | None) -> tuple[Any, int]:
+    """The next object sent by ``send_object`` from global rank ``src`` (None: from any
+    rank of ``g``), and its sender's global rank."""
+    future, item = _submit_recv_object(src, g)
+    obj = pickle.loads(future.result())
+    return obj, item.source
 
 
 # ---------------------------------------------------------------------- monitored barrier

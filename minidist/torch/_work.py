@@ -126,13 +126,15 @@ class Work(TorchWork):
 
     def __init__(self, futures: list[concurrent.futures.Future], post: Callable[[], None]
                  | None = None, result: Any = None, what: str = "call",
-                 source_rank: int = -1) -> None:
+                 source_rank: int | Callable[[], int] = -1,
+                 group_ranks: tuple[int, ...] | None = None) -> None:
         super().__init__()
         self._futures = futures
         self._post = post
         self._result = result
         self._what = what
-        self._src = source_rank
+        self._src = source_rank  # a receive's sender: a global rank, or a callable
+        self._src_ranks = group_ranks  # the receive's group (global ranks, in order)
         self._lock = threading.Lock()
         self._finished = False
         self._error: BaseException | None = None
@@ -250,11 +252,20 @@ class Work(TorchWork):
         return self._result
 
     def source_rank(self) -> int:
-        """The global rank a receive came from."""
+        """The global rank a receive came from. For a receive from any source, known
+        once the receive is done: this waits for it (and raises its error)."""
+        if callable(self._src):
+            self.wait()
+            return self._src()
         return self._src
 
     def _source_rank(self) -> int:
-        return self._src
+        """torch's: the rank a receive came from, counted in the receive's group (what
+        ``torch.distributed.recv(src=None)`` and ``irecv(...)._source_rank()`` read)."""
+        src = self.source_rank()
+        if self._src_ranks is None or src < 0:
+            return src
+        return self._src_ranks.index(src)
 
     def synchronize(self) -> None:
         self.wait()

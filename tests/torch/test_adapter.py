@@ -156,8 +156,8 @@ def test_world_of_one_drop_in(world_of_one):
     tdist.all_reduce(t)  # torch.distributed itself, on the same session
     assert t.tolist() == [1.0, 1.0]
 
-    with pytest.raises(NotImplementedError, match="any source"):
-        dist.recv(torch.zeros(1))
+    with pytest.raises(ValueError, match="no other rank"):
+        dist.recv(torch.zeros(1))  # from any source, in a world of one
     with pytest.raises(ValueError, match="itself"):
         dist.send(torch.zeros(1), dst=0)
     with pytest.raises(NotImplementedError, match="PREMUL_SUM"):

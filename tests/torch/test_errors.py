@@ -153,14 +153,15 @@ def test_timeouts_mismatches_and_group_names():
 
 
 PATH_CHECKS = ("device_types", "all_gather_coalesced", "coalescing_manager",
-               "sparse_all_reduce", "monitored_barrier", "timeout_wording")
+               "sparse_all_reduce", "any_source", "monitored_barrier", "timeout_wording")
 
 
 @pytest.mark.timeout(150)
 def test_torch_code_paths_on_three_ranks():
     """3 ranks: the CPU device association torch looks up, all_gather_coalesced, the
-    coalescing manager, sparse all_reduce, monitored_barrier in gloo's words (through
-    the process group and minidist.torch) and timeouts in torch's words."""
+    coalescing manager, sparse all_reduce, receives from any source (also on a
+    subgroup), monitored_barrier in gloo's words (through the process group and
+    minidist.torch) and timeouts in torch's words."""
     results = run_spawned(3, SCRIPTS / "torch_paths.py", timeout=120,
                           env=torch_env(MINIDIST_TIMEOUT="60"))
     for r, p in enumerate(results):

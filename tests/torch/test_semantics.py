@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 
 from .jobs import SCRIPTS, free_port, run_minidist, run_spawned  # noqa: E402
 
-CHECKS = ("uneven_all_to_all", "groups_of_members_only", "async_out_of_order",
+CHECKS = ("uneven_all_to_all", "groups_of_members_only", "any_source", "async_out_of_order",
           "future_callbacks", "mismatch_detected", "monitored_barrier", "destroyed")
 
 

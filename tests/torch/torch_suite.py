@@ -48,15 +48,6 @@ MODES = ("gloo", "plugin", "swap")
 
 #: tests that cannot pass on minidist: name -> (modes, reason). Skipped in those modes.
 SKIPS: dict[str, tuple[tuple[str, ...], str]] = {
-    "test_send_recv_any_source": (
-        ("plugin", "swap"),
-        "receive from any source (src=None) is not supported by minidist yet"),
-    "test_send_recv_any_source_autograd_profiler": (
-        ("plugin", "swap"),
-        "receive from any source (src=None) is not supported by minidist yet"),
-    "test_send_recv_any_source_torch_profiler": (
-        ("plugin", "swap"),
-        "receive from any source (src=None) is not supported by minidist yet"),
     "test_get_backend": (
         ("swap",),
         "asserts that get_backend() is 'gloo'; in this mode the groups' backend is "

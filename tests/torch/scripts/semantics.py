@@ -54,6 +54,33 @@ def main() -> None:
             assert dist.recv(got, group=g, group_src=0) == 2 and got.item() == 5
     ok("groups_of_members_only")
 
+    # receives from any source: recv returns the sender's global rank; an irecv's Work
+    # has it as source_rank(), and as _source_rank() (torch's) counted in the group
+    if r == 0:
+        senders = []
+        for _ in range(n - 1):
+            t = torch.zeros(2)
+            sender = dist.recv(t)
+            assert (t == sender).all(), (sender, t)
+            senders.append(sender)
+        assert sorted(senders) == [1, 2], senders
+        objs = [None]
+        sender = dist.recv_object_list(objs)
+        assert sender == 2 and objs == [{"from": 2}], (sender, objs)
+    else:
+        dist.send(torch.full((2,), float(r)), dst=0)
+        if r == 2:
+            dist.send_object_list([{"from": 2}], dst=0)
+        # g is [2, 1]: global rank 2 is group rank 0
+        if r == 1:
+            got = torch.zeros(1)
+            w = dist.irecv(got, group=g)
+            w.wait()
+            assert (w.source_rank(), w._source_rank(), got.item()) == (2, 0, 6.0)
+        else:
+            dist.send(torch.full((1,), 6.0), dst=1, group=g)
+    ok("any_source")
+
     # several calls in flight, waited for out of order
     ts = [torch.full((1000,), float(r + k)) for k in range(5)]
     works = [dist.all_reduce(t, async_op=True) for t in ts]

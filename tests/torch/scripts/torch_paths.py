@@ -1,8 +1,8 @@
 """What torch's own code paths need from the "minidist" backend, on 3 ranks: the CPU
 device association (``_device_types``, ``_get_backend``), all_gather_coalesced, the
-coalescing manager, sparse all_reduce, monitored_barrier with gloo's wording (through the
-process group and through ``minidist.torch``), and timeouts worded as torch's backends
-word them.
+coalescing manager, sparse all_reduce, receives from any source, monitored_barrier with
+gloo's wording (through the process group and through ``minidist.torch``), and timeouts
+worded as torch's backends word them.
 
 ``torch_paths.py`` in a torchrun-like environment. Each rank prints ``rank R: OK <check>``
 per check, then ``rank R: done``.
@@ -103,6 +103,34 @@ def main() -> None:
     assert torch.equal(sp.to_dense(), dense), sp
     raises(ValueError, lambda: tdist.all_reduce(sp, op=tdist.ReduceOp.MAX), "SUM")
     ok("sparse_all_reduce")
+
+    # receives from any source (torch calls the group's recv_anysource): recv returns
+    # the sender's global rank, an irecv's Work._source_rank() its rank in the group
+    sub = tdist.new_group([0, 2], backend="minidist")
+    if r == 0:
+        senders = []
+        for _ in range(n - 1):
+            t = torch.zeros(3)
+            sender = tdist.recv(t)
+            assert torch.equal(t, torch.full((3,), float(sender))), (sender, t)
+            senders.append(sender)
+        assert sorted(senders) == [1, 2], senders
+        t = torch.zeros(3)
+        w = tdist.irecv(t, tag=7)
+        w.wait()
+        assert w._source_rank() == 1 and t[0].item() == 1.0, (w._source_rank(), t)
+        w = tdist.irecv(t, group=sub)
+        w.wait()
+        assert w._source_rank() == 1 and t[0].item() == 20.0, (w._source_rank(), t)
+        assert tdist.recv(t, group=sub) == 2 and t[0].item() == 21.0, t
+    else:
+        tdist.send(torch.full((3,), float(r)), dst=0)
+        if r == 1:
+            tdist.send(torch.ones(3), dst=0, tag=7)
+        else:
+            tdist.send(torch.full((3,), 20.0), dst=0, group=sub)
+            tdist.send(torch.full((3,), 21.0), dst=0, group=sub)
+    ok("any_source")
 
     # monitored_barrier through the process group, with gloo's wording; rank 2 is late
     world.monitored_barrier(seconds(30))
