@@ -3,13 +3,19 @@ upstream's ``test_distributed_spawn.py`` runs it) on minidist: minidist as a thi
 backend ("plugin") and minidist wherever the suite expects gloo ("swap"); see
 tests/torch/torch_suite.py.
 
-The default run takes a representative selection (``QUICK``: world sizes 2, 4 and 8,
-under two minutes on two cores). ``python -m pytest -m slow
-tests/torch/test_torch_suite.py`` runs the whole suite at world sizes 2, 3 and 4 and
-its tests of groups and barriers at 8, in both modes and on gloo, and checks that every
+The default test run takes a representative subset (``DEFAULT``: 20 tests at world
+size 2 under the "minidist" backend, in both modes: collectives, point-to-point with
+any-source receives, groups and subgroups, destroy_group, barrier timeouts, DDP and
+error paths; well under a minute on two cores). ``python -m pytest -m slow
+tests/torch/test_torch_suite.py`` adds a wider selection (``QUICK``: world sizes 2, 4
+and 8, ``-k representative``) and the whole suite at world sizes 2, 3 and 4 and its
+tests of groups and barriers at 8, in both modes and on gloo, and checks that every
 test that passes on gloo passes on minidist, except those listed with their reason in
 ``SKIPS``. ``MINIDIST_SUITE_START=spawn`` starts every test's ranks as fresh
 interpreters, as upstream does (much slower).
+
+torch's suite needs torch and expecttest (both in the ``test`` extra); without either,
+these tests are skipped.
 """
 from __future__ import annotations
 
@@ -20,14 +26,14 @@ import sys
 
 import pytest
 
-pytest.importorskip("torch")
+pytest.importorskip("torch", reason="torch's distributed test suite needs torch "
+                    "(pip install -e '.[test]')")
+pytest.importorskip("expecttest", reason="torch's distributed test suite needs "
+                    "expecttest (pip install -e '.[test]')")
 
 from ..processes.harness import ROOT  # noqa: E402
 from .jobs import kill_tree, torch_env  # noqa: E402
-from .torch_suite import MATCH_8, QUICK, SKIPS  # noqa: E402
-
-# torch's suite takes minutes even for a selection: run it with -m slow
-pytestmark = pytest.mark.slow
+from .torch_suite import DEFAULT, MATCH_8, QUICK, SKIPS  # noqa: E402
 
 
 def run_suite(mode: str, world_size: int, tmp_path, tests=(), timeout: float = 600,
@@ -77,17 +83,31 @@ def skipped_for_minidist(outcomes: dict) -> set[str]:
             if o["outcome"] == "skipped" and o["detail"].startswith("minidist: ")}
 
 
-@pytest.mark.parametrize("mode,world_size",
-                         [pytest.param(m, w, id=f"{m}-{w}") for m, w in QUICK])
-@pytest.mark.timeout(240)
-def test_representative_selection(mode, world_size, tmp_path):
-    tests = QUICK[(mode, world_size)]
-    outcomes = run_suite(mode, world_size, tmp_path, tests, timeout=200)
+def all_passed(outcomes: dict, tests) -> None:
     assert not failures(outcomes), failures(outcomes)
     assert {n for n, o in outcomes.items() if o["outcome"] == "passed"} == set(tests), \
         {n: o for n, o in outcomes.items() if o["outcome"] != "passed"}
 
 
+@pytest.mark.parametrize("mode", sorted(DEFAULT))
+@pytest.mark.timeout(150)
+def test_default_subset(mode, tmp_path):
+    """The default run's share of torch's suite: ``DEFAULT[mode]`` at world size 2, every
+    test passes (one runner process per mode, killed with its ranks on timeout)."""
+    tests = DEFAULT[mode]
+    all_passed(run_suite(mode, 2, tmp_path, tests, timeout=120), tests)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,world_size",
+                         [pytest.param(m, w, id=f"{m}-{w}") for m, w in QUICK])
+@pytest.mark.timeout(240)
+def test_representative_selection(mode, world_size, tmp_path):
+    tests = QUICK[(mode, world_size)]
+    all_passed(run_suite(mode, world_size, tmp_path, tests, timeout=200), tests)
+
+
+@pytest.mark.timeout(60)
 def test_skip_list_names_tests_of_the_suite():
     """Every skipped test exists in torch's suite (a rename upstream shows up here)."""
     import importlib.util
@@ -97,7 +117,7 @@ def test_skip_list_names_tests_of_the_suite():
     for name, (modes, reason) in SKIPS.items():
         assert f"def {name}(" in source, name
         assert modes and set(modes) <= {"plugin", "swap"} and reason, name
-    for tests in QUICK.values():
+    for tests in (*QUICK.values(), *DEFAULT.values()):
         for name in tests:
             assert f"def {name}(" in source, name
 

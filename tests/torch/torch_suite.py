@@ -26,7 +26,8 @@ updated after every test)::
 
     python -m tests.torch.torch_suite --mode plugin --world-size 2 [-k NAME ...]
 
-``tests/torch/test_torch_suite.py`` drives it under pytest. :data:`SKIPS` lists every
+``tests/torch/test_torch_suite.py`` drives it under pytest: the subset :data:`DEFAULT`
+in the default test run, everything with ``-m slow``. :data:`SKIPS` lists every
 test that cannot pass on minidist, with the reason; the suite skips them in the
 minidist modes (``--no-skips`` runs them anyway).
 """
@@ -54,7 +55,29 @@ SKIPS: dict[str, tuple[tuple[str, ...], str]] = {
         "'minidist' (the test passes in plugin mode)"),
 }
 
-#: a representative selection for the default test run: (mode, world size) -> tests
+#: the subset the default test run takes (world size 2, every process group made by the
+#: "minidist" backend): mode -> tests. Collectives (coalesced, sparse, async and their
+#: Futures), point-to-point (tags, batches, any source), groups and subgroups,
+#: destroy_group, barrier and monitored_barrier timeouts, DDP (with a comm hook) and
+#: error paths (bad arguments, unsupported ops); about 20 s on two cores.
+DEFAULT: dict[str, tuple[str, ...]] = {
+    "plugin": (
+        "test_all_reduce_sum_async", "test_broadcast", "test_all_gather_coalesced_simple",
+        "test_scatter_checks", "test_send_recv_with_tag", "test_send_recv_any_source",
+        "test_get_rank_size_group", "test_destroy_group", "test_destroy_full_group",
+        "test_DistributedDataParallelCPU",
+    ),
+    "swap": (
+        "test_all_reduce_coalesced_sum", "test_sparse_all_reduce_sum",
+        "test_all_reduce_complex_unsupported_ops", "test_get_future",
+        "test_batch_isend_irecv_gloo_tags", "test_all_gather_object_subgroup",
+        "test_barrier_timeout_full_group", "test_monitored_barrier_gloo_subgroup",
+        "test_monitored_barrier_gloo_rank_0_timeout",
+        "test_accumulate_gradients_no_sync_allreduce_hook",
+    ),
+}
+
+#: a wider selection (``-m slow -k representative``): (mode, world size) -> tests
 QUICK: dict[tuple[str, int], tuple[str, ...]] = {
     ("plugin", 2): (
         "test_all_reduce_sum", "test_all_reduce_sum_complex", "test_all_reduce_product",
@@ -326,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="run only this test (repeatable); default: the whole suite")
     p.add_argument("--match", action="append",
                    help="run the tests whose names contain this (repeatable)")
+    p.add_argument("--default", action="store_true",
+                   help="run the subset the default test run takes for this mode "
+                   "(DEFAULT; meant for world size 2)")
     p.add_argument("--quick", action="store_true",
                    help="run the representative selection for this mode and world size")
     p.add_argument("--json", help="write the outcome of every test to this file")
@@ -342,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["MINIDIST_SUITE_START"] = args.start
     _environment(args.mode, args.world_size)
     names = list(args.tests or [])
+    if args.default:
+        names += DEFAULT.get(args.mode, ())
     if args.quick:
         names += QUICK.get((args.mode, args.world_size), ())
     outcomes = run(names or None, args.json, match=args.match)
