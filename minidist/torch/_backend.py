@@ -159,8 +159,14 @@ def _many(works: list[Work], result: Any, what: str) -> Work:
     return Work(futures, post, result, what)
 
 
+def _has_cuda() -> bool:
+    """Whether this process can pass CUDA tensors (a CUDA build of torch with a GPU)."""
+    return bool(torch.version.cuda) and torch.cuda.is_available()
+
+
 class ProcessGroupMinidist(tdist.ProcessGroup):
-    """A torch.distributed process group served by minidist (CPU tensors).
+    """A torch.distributed process group served by minidist (CPU tensors; CUDA tensors
+    through minidist_native).
 
     ``group`` is the minidist group (None: the world) whose group ranks are this
     process group's ranks. ``owns_session``: torch's destroy_process_group also
@@ -194,16 +200,18 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
 
     @property
     def _device_types(self) -> list[torch.device]:
-        """The devices this group serves: the CPU."""
-        return [_CPU]
+        """The devices this group serves: the CPU, and CUDA where this process has it
+        (CUDA tensors go through minidist_native)."""
+        return [_CPU, torch.device("cuda")] if _has_cuda() else [_CPU]
 
     def _get_backend(self, device: Any) -> ProcessGroupMinidist:
-        """The backend for ``device``: this group itself, for the CPU."""
+        """The backend for ``device``: this group itself, for the CPU and CUDA."""
         kind = torch.device(device).type
-        if kind != "cpu":
-            raise RuntimeError(f"No backend type associated with device type {kind} "
-                               "(the minidist backend serves CPU tensors only)")
-        return self
+        if kind == "cpu" or (kind == "cuda" and _has_cuda()):
+            return self
+        raise RuntimeError(f"No backend type associated with device type {kind} "
+                           "(the minidist backend serves CPU tensors, and CUDA tensors "
+                           "where CUDA is available)")
 
     @property
     def supports_splitting(self) -> bool:
@@ -502,7 +510,8 @@ def register() -> None:
     """Register the "minidist" backend with torch.distributed (idempotent)."""
     if BACKEND.upper() in getattr(tdist.Backend, "_plugins", {}):
         return
-    tdist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+    devices = ["cpu", "cuda"] if torch.version.cuda else ["cpu"]
+    tdist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=devices)
 
 
 class SessionStore(tdist.Store):

@@ -107,18 +107,50 @@ def _copy_out(buf: torch.Tensor, outs: Sequence[torch.Tensor]) -> Callable[[], N
 
 
 def _check_blocks(what: str, ts: Sequence[torch.Tensor], like: torch.Tensor, n: int,
-                  name: str) -> None:
+                  name: str, gpu: bool = False) -> None:
     if not isinstance(ts, (list, tuple)):
         raise TypeError(f"{what}: {name} must be a list of tensors")
     if len(ts) != n:
         raise ValueError(f"{what}: {name} has {len(ts)} tensors; the group has {n} ranks")
     for t in ts:
-        check_tensor(t, what)
+        if not gpu:
+            check_tensor(t, what)
+        elif not isinstance(t, torch.Tensor) or t.device != like.device:
+            raise ValueError(f"{what}: every tensor of {name} must be on {like.device} "
+                             "(like the single tensor)")
     same_dtype(what, like, *ts)
     for t in ts:
         if t.numel() != like.numel():
             raise ValueError(f"{what}: every tensor of {name} must have {like.numel()} "
                              f"elements (like the single tensor), got {t.numel()}")
+
+
+# ---------------------------------------------------------------------- CUDA tensors
+
+
+def _on_gpu(*ts: Any) -> bool:
+    """Whether the call's tensors are CUDA tensors (served by ``minidist_native``)."""
+    return any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in ts)
+
+
+def _native() -> Any:
+    import minidist_native
+
+    return minidist_native
+
+
+def _gpu_work(nw: Any, post: Callable[[], None] | None, result: Any, what: str,
+              device: torch.device) -> Work:
+    """A Work for a ``minidist_native`` call (its ``NativeWork``)."""
+    return Work([nw.future], post, result, what, devices=[device])
+
+
+def _gpu_only(what: str, *ts: Any) -> None:
+    """Refuse CUDA tensors in a call that minidist_native does not serve."""
+    if _on_gpu(*ts):
+        raise ValueError(f"{what}: CUDA tensors are not supported by this call in "
+                         "minidist.torch (all_reduce, broadcast, reduce, all_gather, "
+                         "reduce_scatter, send and recv are); copy to the CPU first")
 
 
 # ---------------------------------------------------------------------- collectives
@@ -129,6 +161,9 @@ def all_reduce(t: torch.Tensor, op: Any, g: Group | None) -> Work:
     op = to_op(op)
     if isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo:
         return sparse_all_reduce(t, op, g)
+    if _on_gpu(t):
+        nw = _native().all_reduce(t, op, g, async_op=True)
+        return _gpu_work(nw, None, [t], "all_reduce", t.device)
     arr, post = as_output(t, "all_reduce", reduce=True)
     w = md.all_reduce(arr, op, g, async_op=True)
     return Work(_futures(w), post, [t], "all_reduce")
@@ -187,6 +222,9 @@ def sparse_all_reduce(t: torch.Tensor, op: Any, g: Group | None) -> Work:
 
 @_ordered
 def broadcast(t: torch.Tensor, src: int, g: Group | None) -> Work:
+    if _on_gpu(t):
+        nw = _native().broadcast(t, src, g, async_op=True)
+        return _gpu_work(nw, None, [t], "broadcast", t.device)
     arr, post = as_output(t, "broadcast")
     w = md.broadcast(arr, src, g, async_op=True)
     return Work(_futures(w), post, [t], "broadcast")
@@ -195,6 +233,9 @@ def broadcast(t: torch.Tensor, src: int, g: Group | None) -> Work:
 @_ordered
 def reduce(t: torch.Tensor, dst: int, op: Any, g: Group | None) -> Work:
     op = to_op(op)
+    if _on_gpu(t):
+        nw = _native().reduce(t, dst, op, g, async_op=True)
+        return _gpu_work(nw, None, [t], "reduce", t.device)
     arr, post = as_output(t, "reduce", reduce=True)
     w = md.reduce(arr, dst, op, g, async_op=True)
     return Work(_futures(w), post, [t], "reduce")
@@ -208,6 +249,11 @@ def barrier(g: Group | None) -> Work:
 @_ordered
 def all_gather(outs: Sequence[torch.Tensor], t: torch.Tensor, g: Group | None) -> Work:
     what = "all_gather"
+    if _on_gpu(t, *outs):
+        _check_blocks(what, outs, t, len(members(g)), "tensor_list", gpu=True)
+        buf = torch.empty((len(outs), t.numel()), dtype=t.dtype, device=t.device)
+        nw = _native().all_gather(buf.view(-1), t, g, async_op=True)
+        return _gpu_work(nw, _copy_out(buf, outs), [list(outs)], what, t.device)
     check_tensor(t, what)
     _check_blocks(what, outs, t, len(members(g)), "tensor_list")
     inp = as_input(t, what)
@@ -219,13 +265,18 @@ def all_gather(outs: Sequence[torch.Tensor], t: torch.Tensor, g: Group | None) -
 @_ordered
 def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor, g: Group | None) -> Work:
     what = "all_gather_into_tensor"
-    check_tensor(t, what)
-    check_tensor(out, what)
+    gpu = _on_gpu(out, t)
+    if not gpu:
+        check_tensor(t, what)
+        check_tensor(out, what)
     same_dtype(what, out, t)
     n = len(members(g))
     if out.numel() != t.numel() * n:
         raise ValueError(f"{what}: the output has {out.numel()} elements; it needs the "
                          f"input's {t.numel()} times the group size {n}")
+    if gpu:
+        nw = _native().all_gather(out, t, g, async_op=True)
+        return _gpu_work(nw, None, [out], what, out.device)
     inp = as_input(t, what)
     arr, post = as_output(out, what)
     w = md.all_gather(arr.reshape(-1), inp, g, async_op=True)
@@ -237,6 +288,11 @@ def reduce_scatter(out: torch.Tensor, ins: Sequence[torch.Tensor], op: Any,
                    g: Group | None) -> Work:
     what = "reduce_scatter"
     op = to_op(op)
+    if _on_gpu(out, *ins):
+        _check_blocks(what, ins, out, len(members(g)), "input_list", gpu=True)
+        flat = torch.cat([x.detach().reshape(-1) for x in ins])
+        nw = _native().reduce_scatter(out, flat, op, g, async_op=True)
+        return _gpu_work(nw, None, [out], what, out.device)
     check_tensor(out, what)
     _check_blocks(what, ins, out, len(members(g)), "input_list")
     inp = packed(list(ins), what, reduce=True)
@@ -250,13 +306,18 @@ def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op: Any,
                           g: Group | None) -> Work:
     what = "reduce_scatter_tensor"
     op = to_op(op)
-    check_tensor(t, what)
-    check_tensor(out, what)
+    gpu = _on_gpu(out, t)
+    if not gpu:
+        check_tensor(t, what)
+        check_tensor(out, what)
     same_dtype(what, out, t)
     n = len(members(g))
     if t.numel() != out.numel() * n:
         raise ValueError(f"{what}: the input has {t.numel()} elements; it needs the "
                          f"output's {out.numel()} times the group size {n}")
+    if gpu:
+        nw = _native().reduce_scatter(out, t, op, g, async_op=True)
+        return _gpu_work(nw, None, [out], what, out.device)
     inp = as_input(t, what, reduce=True)
     arr, post = as_output(out, what, reduce=True)
     w = md.reduce_scatter(arr.reshape(-1), inp.reshape(-1), op, g, async_op=True)
@@ -267,6 +328,7 @@ def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op: Any,
 def gather(t: torch.Tensor, outs: Sequence[torch.Tensor] | None, dst: int,
            g: Group | None) -> Work:
     what = "gather"
+    _gpu_only(what, t, *(outs or []))
     check_tensor(t, what)
     inp = as_input(t, what)
     if md.get_rank() == dst:
@@ -284,6 +346,7 @@ def gather(t: torch.Tensor, outs: Sequence[torch.Tensor] | None, dst: int,
 def scatter(t: torch.Tensor, ins: Sequence[torch.Tensor] | None, src: int,
             g: Group | None) -> Work:
     what = "scatter"
+    _gpu_only(what, t, *(ins or []))
     check_tensor(t, what)
     inp = None
     if md.get_rank() == src:
@@ -410,6 +473,9 @@ def all_to_all_single(out: torch.Tensor, t: torch.Tensor,
 
 @_ordered
 def isend(t: torch.Tensor, dst: int, tag: int, g: Group | None) -> Work:
+    if _on_gpu(t):
+        nw = _native().send(t, dst, tag, g, async_op=True)
+        return _gpu_work(nw, None, [t], "send", t.device)
     arr = as_input(t, "send")
     w = md.isend(arr, dst, tag, g)
     return Work(_futures(w), None, [t], "send")
@@ -419,6 +485,9 @@ def isend(t: torch.Tensor, dst: int, tag: int, g: Group | None) -> Work:
 def irecv(t: torch.Tensor, src: int | None, tag: int, g: Group | None) -> Work:
     """A receive from global rank ``src`` (None: from any rank of ``g``, the first
     message with ``tag`` to arrive; the Work's ``source_rank()`` is then the sender)."""
+    if _on_gpu(t):
+        nw = _native().recv(t, src, tag, g, async_op=True)
+        return _gpu_work(nw, None, [t], "recv", t.device)
     arr, post = as_output(t, "recv")
     w = md.irecv(arr, src, tag, g)
     return Work(_futures(w), post, [t], "recv",

@@ -33,8 +33,9 @@ def check_tensor(t: object, what: str) -> torch.Tensor:
         raise TypeError(f"{what} needs a torch.Tensor, not {type(t).__name__}")
     if t.device.type != "cpu":
         raise ValueError(
-            f"{what}: tensor is on {t.device}; minidist.torch moves CPU tensors only "
-            "(CUDA tensors are not supported yet: copy to the CPU with .cpu() first)")
+            f"{what}: tensor is on {t.device}; this call of minidist.torch moves CPU "
+            "tensors only (CUDA tensors go to all_reduce, broadcast, reduce, all_gather, "
+            "reduce_scatter, send and recv; elsewhere copy to the CPU first)")
     if t.layout != torch.strided:
         raise ValueError(f"{what}: {t.layout} tensors are not supported (dense only)")
     return t

@@ -127,8 +127,10 @@ class Work(TorchWork):
     def __init__(self, futures: list[concurrent.futures.Future], post: Callable[[], None]
                  | None = None, result: Any = None, what: str = "call",
                  source_rank: int | Callable[[], int] = -1,
-                 group_ranks: tuple[int, ...] | None = None) -> None:
+                 group_ranks: tuple[int, ...] | None = None,
+                 devices: list[torch.device] | None = None) -> None:
         super().__init__()
+        self._devices = devices  # CUDA devices of the outputs (for the torch Future)
         self._futures = futures
         self._post = post
         self._result = result
@@ -278,7 +280,8 @@ class Work(TorchWork):
         inline = False
         with self._lock:
             if self._tfut is None:
-                self._done = torch.futures.Future()
+                self._done = (torch.futures.Future(devices=self._devices)
+                              if self._devices else torch.futures.Future())
                 self._tfut = self._done.then(self._outcome)
                 inline = in_completer()  # a callback waits inline: never on itself
                 if not inline:
