@@ -16,15 +16,37 @@ Memory ordering. A writer stores the payload and the signature, then the slot nu
 a reader loads the slot number, then the payload. On x86 (TSO) stores become visible
 in program order and loads are not reordered with older loads, and each of these
 stores and loads is a separate call into numpy's C code, which the compiler cannot
-reorder across; so a reader that sees the new number sees the payload. Sleeping
-is race-free without further fences: the kernel compares the futex word with the
-value the waiter last saw under its own lock, and the writer always calls
-``FUTEX_WAKE`` after its store. On other architectures the fast path is off.
+reorder across; so a reader that sees the new number sees the payload.
+
+A writer calls ``FUTEX_WAKE`` only when a waiter said it sleeps (a flag word beside
+the futex word: the wake is a system call, and with peers that spin it is wasted).
+This is Dekker's pattern, and TSO lets a load pass an older store, so each side
+fences between its store and its load: the waiter stores the flag, then the kernel's
+futex wait takes a lock (a locked instruction: a full fence on x86) before it compares
+the futex word with the value the waiter saw; the writer stores the number, fences (a
+lock acquired: a locked instruction), then loads the flag. So either the waiter's
+kernel sees the new number and does not sleep, or the writer sees the flag and wakes
+it. (A wake that were lost anyway would cost one sleep slice, not a hang.) On other
+architectures the fast path is off.
 
 Reuse. Fast call ``f`` uses slot ``f % 2``. A rank writes slot ``p`` for call ``f + 2``
 only after it finished call ``f + 1``, which needed every rank's slot for ``f + 1``,
 which each rank writes only after it finished reading call ``f``. So a slot is never
 overwritten while someone still reads it.
+
+Groups of more than :data:`CENTRAL_ABOVE` ranks gather, then release: each other rank,
+once its slot is written, adds one to group rank 0's *arrived* count with the kernel's
+atomic ``FUTEX_WAKE_OP``, which also wakes rank 0 when the count becomes complete;
+rank 0 sleeps on that count, then sets it back to 0, stores the call's number into its
+*release* word (in its slot's header) and wakes all its sleepers; the others wait on
+that one word, then read whatever slots they need. Every rank then sleeps and wakes
+once per call, where waiting on each peer in turn woke a waiter once per peer that
+had not arrived yet: on a crowded machine (64 ranks on 2 cores) most of a call's time.
+The count of call ``f``'s parity is reset before ``f`` is released, and the next adds
+to it come from call ``f + 2``, after ``f + 1`` was released. The release of call ``f``
+is stored only after every rank wrote its slot for ``f``, so the reuse argument above
+holds unchanged, and rank 0 releases even when the signatures differ: every rank then
+finds the mismatch itself.
 
 Every wait is bounded: it sleeps in slices of at most 0.1 s and checks the call's
 deadline, peers that died or left, an abort of the group and the rendezvous between
@@ -38,6 +60,7 @@ import ctypes
 import os
 import platform
 import struct
+import threading
 import time
 from collections.abc import Callable
 
@@ -52,6 +75,12 @@ SLOT_BYTES = 4096  # the largest payload of a fast call
 MAX_RANKS = 64  # larger groups: the tree and dissemination schedules scale better
 HEADER = 64
 SLOT = HEADER + SLOT_BYTES
+CENTRAL_ABOVE = 8  # larger groups gather at group rank 0, then are released
+RELEASE = 48  # the release word's offset in a slot's header (bytes)
+SLEEPING = 52  # flag: someone sleeps on this slot's number word (offset in the header)
+SLEEPING_RELEASE = 56  # flag: someone sleeps on its release word
+ARRIVED = 60  # group rank 0's count of the others that arrived (central groups)
+DIFFERS = 44  # rank 0 stores the call's number here when the signatures differ
 SPIN_SECONDS = 50e-6  # how long a waiter spins when the group fits the cores
 SLICE = 0.1  # seconds a waiter sleeps at most between checks
 STALL_REPORT = 1.0
@@ -94,6 +123,26 @@ def futex_wake(addr: int) -> None:
     _LIBC.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
 
 
+_FUTEX_WAKE_OP, _FUTEX_OP_ADD, _FUTEX_OP_CMP_EQ = 5, 1, 0
+
+
+def futex_add(addr: int, equals: int) -> None:
+    """Atomically add 1 to the int32 at ``addr`` (a locked instruction in the kernel: a
+    full fence) and, if it held ``equals`` before (< 4096), wake one sleeper on it."""
+    op = (_FUTEX_OP_ADD << 28) | (_FUTEX_OP_CMP_EQ << 24) | (1 << 12) | (equals & 0xFFF)
+    _LIBC.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE_OP, 0, ctypes.c_void_p(1),
+                  ctypes.c_void_p(addr), op)
+
+
+_FENCE = threading.Lock()
+
+
+def fence() -> None:
+    """A full memory fence: acquiring a free lock is a locked instruction on x86."""
+    _FENCE.acquire()
+    _FENCE.release()
+
+
 def segment_bytes(size: int) -> int:
     return size * 2 * SLOT
 
@@ -123,6 +172,8 @@ class Slots:
         self.cores = _cores()
         self.spin = SPIN_SECONDS if self.size <= self.cores else 0.0
         self.waits = 0
+        self.central = self.size > CENTRAL_ABOVE
+        self._anyone_gone: Callable[[], bool] | None = None
 
     def _word(self, rank: int, parity: int) -> int:
         return ((rank * 2 + parity) * SLOT) // 4
@@ -138,11 +189,16 @@ class Slots:
     def run(self, f: int, call, out: np.ndarray, src: np.ndarray, op: ReduceOp,
             deadline: float, gone: Callable[[int], DistError | None],
             broken: Callable[[], DistError | None], stalled: Callable[[], None],
-            timed_out: Callable[[list[int]], DistError]) -> None:
+            timed_out: Callable[[list[int]], DistError],
+            anyone_gone: Callable[[], bool] | None = None) -> None:
         """Run fast call number ``f`` of the group (calls run in that order): ``src`` is
         this rank's contribution (the root's data for a broadcast, nothing for a
         barrier), ``out`` where the result goes. ``timed_out(waiting)`` makes the error
-        of a deadline passed while ranks ``waiting`` had not written their slots."""
+        of a deadline passed while ranks ``waiting`` had not written their slots.
+        ``anyone_gone()``, where given, says cheaply whether ``gone`` could answer for
+        any rank at all (else every waiter that goes to sleep asks it about each rank
+        that has not arrived)."""
+        self._anyone_gone = anyone_gone
         parity, number = f % 2, (f + 1) & 0x7FFFFFFF
         me = self.me
         data = src.view(np.uint8).reshape(-1)
@@ -151,14 +207,36 @@ class Slots:
                        call.op, call.root, call.count, call.seq, call.shape)
         word = self._word(me, parity)
         self.words[word] = number  # after the payload: readers see both
-        futex_wake(self.base + word * 4)
         mine = self._sig(me, parity)
-        for r in range(self.size):
-            if r != me:
-                self._wait(r, parity, number, deadline, gone, broken, stalled, timed_out)
-                theirs = self._sig(r, parity)
-                if theirs[:5] != mine[:5] or theirs[6] != mine[6]:
-                    raise self._mismatch(call, r, theirs)
+        waiting = (parity, number, deadline, gone, broken, stalled, timed_out)
+        if self.central:
+            head = self._word(0, parity)
+            if me == 0:
+                self._wait(head + ARRIVED // 4, self.size - 1, None, None, *waiting)
+                self.words[head + ARRIVED // 4] = 0
+                differs = self._differing(mine, parity)
+                if differs is not None:
+                    self.words[head + DIFFERS // 4] = number
+                self.words[head + RELEASE // 4] = number  # after the DIFFERS store
+                self._wake(head + RELEASE // 4, SLEEPING_RELEASE - RELEASE)
+            else:
+                futex_add(self.base + (head + ARRIVED // 4) * 4, self.size - 2)
+                self._wait(head + RELEASE // 4, number, head + SLEEPING_RELEASE // 4, 0,
+                           *waiting)
+                # rank 0 compared every signature with its own: compare with it alone,
+                # unless it said that some differ (then find which, to say so)
+                differs = (self._differing(mine, parity)
+                           if self.words[head + DIFFERS // 4] == number
+                           else self._differing(mine, parity, only=0))
+        else:
+            self._wake(word, SLEEPING)
+            for r in range(self.size):
+                if r != me:
+                    at = self._word(r, parity)
+                    self._wait(at, number, at + SLEEPING // 4, None, *waiting)
+            differs = self._differing(mine, parity)
+        if differs is not None:
+            raise self._mismatch(call, differs, self._sig(differs, parity))
         if call.kind == _BROADCAST:
             root = self.group.rank_of(call.root)
             if root != me:
@@ -170,11 +248,33 @@ class Slots:
             for r in range(1, self.size):
                 ops.reduce_into(op, out, out, self._payload(r, parity, n).view(out.dtype))
 
-    def _wait(self, r: int, parity: int, number: int, deadline: float,
-              gone, broken, stalled, timed_out) -> None:
-        word = self._word(r, parity)
+    def _differing(self, mine: tuple, parity: int, only: int | None = None) -> int | None:
+        """The first group rank (or ``only``) whose signature differs from ``mine``."""
+        for r in (range(self.size) if only is None else (only,)):
+            if r != self.me:
+                theirs = self._sig(r, parity)
+                if theirs[:5] != mine[:5] or theirs[6] != mine[6]:
+                    return r
+        return None
+
+    def _wake(self, word: int, flag_offset: int) -> None:
+        """Wake the sleepers on ``word`` (just stored), if any said they sleep; the
+        flag is ``flag_offset`` bytes after the word."""
+        flag = word + flag_offset // 4
+        fence()
+        if self.words[flag]:
+            self.words[flag] = 0
+            futex_wake(self.base + word * 4)
+
+    def _wait(self, word: int, want: int, flag: int | None, releaser: int | None,
+              parity: int, number: int, deadline: float, gone, broken, stalled,
+              timed_out) -> None:
+        """Until the int32 ``word`` holds ``want``, for fast call ``number`` (on
+        ``parity``). ``flag``: the word where a sleeper says so (None: the writer wakes
+        without being told); ``releaser``: the group rank that must store the word (also
+        checked for being gone)."""
         words = self.words
-        if words[word] == number:
+        if words[word] == want:
             return
         now = time.monotonic()
         self.waits += 1
@@ -184,7 +284,7 @@ class Slots:
         if self.spin:
             end = now + self.spin
             while time.monotonic() < end:
-                if words[word] == number:
+                if words[word] == want:
                     return
             # spinning did not pay (the others are not running now): spin less, so a
             # crowded machine's cores go to the ranks that have work
@@ -193,23 +293,31 @@ class Slots:
         addr = self.base + word * 4
         while True:
             seen = int(words[word])
-            if seen == number:
+            if seen == want:
                 return
             err = broken()
-            if err is None:  # any member that has not written and never will
+            if err is None and (self._anyone_gone is None or self._anyone_gone()):
+                # any member that has not written and never will
                 for other in range(self.size):
                     if other != self.me and words[self._word(other, parity)] != number:
                         err = gone(self.group.ranks[other])
                         if err is not None:
                             break
-            if err is not None and words[word] != number:  # not written just now
+            if err is None and releaser is not None:
+                err = gone(self.group.ranks[releaser])
+            if err is not None and words[word] != want:  # not written just now
                 raise err
             now = time.monotonic()
             if now >= deadline:
-                raise timed_out(self._missing(parity, number))
+                missing = self._missing(parity, number)
+                if not missing and releaser is not None:  # arrived, did not release
+                    missing = [self.group.ranks[releaser]]
+                raise timed_out(missing)
             if not reported and now - start >= STALL_REPORT:
                 reported = True
                 stalled()
+            if flag is not None:
+                words[flag] = 1  # then the kernel's lock, then its look at the word
             futex_wait(addr, seen, min(SLICE, deadline - now))
 
     def _missing(self, parity: int, number: int) -> list[int]:

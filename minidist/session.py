@@ -335,7 +335,8 @@ class Session:
                 lambda r: self._fast_refusal(g, r),
                 lambda: engine._refusal(call, consume=False),
                 lambda: loop.call_soon_threadsafe(engine._report_stall, call),
-                lambda waiting: self._fast_timeout(call, waiting, loop))
+                lambda waiting: self._fast_timeout(call, waiting, loop),
+                lambda: bool(engine.lost or engine.left))
             if p.finish:
                 ops.finish(p.op, out, g.size)
             if p.user is not None:

@@ -64,12 +64,33 @@ def test_shared_memory_calls_back_to_back_stay_exact():
     assert job.out.count("SHM BACK TO BACK OK") == 5
 
 
-@pytest.mark.parametrize("n", [2, 5])
-def test_small_calls_through_shared_slots_stay_exact_under_contention(n):
-    with Job(n, SCRIPTS / "fast_stress.py") as job:
+@pytest.mark.parametrize("n,central_above", [(2, None), (5, None), (5, 1)])
+def test_small_calls_through_shared_slots_stay_exact_under_contention(n, central_above):
+    args = [] if central_above is None else [str(central_above)]
+    with Job(n, SCRIPTS / "fast_stress.py", *args) as job:
         rc = job.wait(110)
     assert rc == 0, job.out[-2000:] + job.err[-3000:]
     assert job.out.count("FAST STRESS OK") == n
+
+
+@pytest.mark.parametrize("victim,central_above", [(0, 1), (2, 1), (1, 64)])
+def test_a_rank_killed_in_small_calls_is_reported_within_seconds(victim, central_above):
+    """Through the shared slots, waiting on each peer or gathered at group rank 0 (whose
+    death leaves the others waiting on its release) alike."""
+    with Job(4, SCRIPTS / "fast_kill.py", str(victim), str(central_above)) as job:
+        job.wait(90)
+    lost = [line for line in job.out.splitlines() if "LOST" in line]
+    assert len(lost) == 3, job.out[-2000:] + job.err[-2000:]
+    assert all(f"LOST [{victim}]" in line and float(line.split()[-1]) < 30 for line in lost)
+
+
+@pytest.mark.parametrize("central_above", [1, 64])
+def test_small_calls_that_disagree_fail_on_every_rank(central_above):
+    with Job(4, SCRIPTS / "fast_mismatch.py", str(central_above)) as job:
+        job.wait(60)
+    found = [line for line in job.out.splitlines() if "MISMATCH" in line]
+    assert len(found) == 4, job.out[-2000:] + job.err[-2000:]
+    assert all("untouched=True" in line for line in found)
 
 
 def test_orphaned_segment_names_are_swept_and_live_ones_kept():

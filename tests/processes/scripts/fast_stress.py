@@ -1,10 +1,15 @@
 """Small calls through the shared slots, many times, with every rank's data changing each
 call, mixed with calls that take the socket path: every result must be exact."""
 
+import sys
+
 import numpy as np
 
 import minidist
+from minidist import fastpath
 
+if len(sys.argv) > 1:  # groups above this size gather at rank 0, then are released
+    fastpath.CENTRAL_ABOVE = int(sys.argv[1])
 minidist.init(timeout=60)
 rank, n = minidist.get_rank(), minidist.get_world_size()
 sub = minidist.new_group(list(range(0, n, 2)))
