@@ -345,7 +345,7 @@ def all_reduce(tensor: torch.Tensor, op: Any = md.ReduceOp.SUM, group: Any = Non
     g = _group(group)
     if _skip(g, "all_reduce"):
         return None
-    return _done(C.all_reduce(tensor, op, g), async_op)
+    return _done(C.all_reduce(tensor, op, g, blocking=not async_op), async_op)
 
 
 def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None,
@@ -353,7 +353,8 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None,
     g = _group(group)
     if _skip(g, "broadcast"):
         return None
-    return _done(C.broadcast(tensor, _root(g, src, group_src, "src"), g), async_op)
+    return _done(C.broadcast(tensor, _root(g, src, group_src, "src"), g,
+                             blocking=not async_op), async_op)
 
 
 def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = md.ReduceOp.SUM,
@@ -362,7 +363,8 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = md.ReduceOp.S
     g = _group(group)
     if _skip(g, "reduce"):
         return None
-    return _done(C.reduce(tensor, _root(g, dst, group_dst, "dst"), op, g), async_op)
+    return _done(C.reduce(tensor, _root(g, dst, group_dst, "dst"), op, g,
+                          blocking=not async_op), async_op)
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
@@ -372,8 +374,10 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
     g = _group(group)
     if _skip(g, "barrier"):
         return None
-    w = C.barrier(g)
-    w._limit = seconds(timeout)
+    limit = seconds(timeout)
+    w = C.barrier(g, blocking=not async_op and limit is None)
+    if limit is not None:
+        w._limit = limit
     if async_op:
         return w
     w.wait()

@@ -26,7 +26,7 @@ from .. import api as md
 from ..errors import DistTimeoutError
 from ..group import Group
 from ..ops import ReduceOp
-from ..plan import P2P_TAG_LIMIT
+from ..plan import P2P_TAG_LIMIT, Prepared
 from ._tensors import (
     as_input,
     as_output,
@@ -35,7 +35,7 @@ from ._tensors import (
     same_dtype,
     scratch_like,
 )
-from ._work import Work
+from ._work import Blocking, Work
 
 # point-to-point tags of minidist's internal space (2**31 and up) used by this adapter
 TAG_COLLECTIVE = P2P_TAG_LIMIT + 0x7410  # all_to_all built on messages
@@ -88,6 +88,17 @@ def _futures(*works: Any) -> list:
     return [w.get_future() for w in works]
 
 
+def _issue(item: Any, post: Callable[[], None] | None, result: Any, what: str,
+           blocking: bool) -> Work | Blocking:
+    """A Work for a prepared minidist call, submitted now; for a blocking caller's call
+    that takes the shared-memory fast path, a :class:`Blocking` that runs it when
+    waited for, on the caller's thread (no hop to minidist's event loop)."""
+    d = md.door()
+    if blocking and isinstance(item, Prepared) and item.fast >= 0:
+        return Blocking(lambda: d.wait(item), post)
+    return Work([d.submit(item)], post, result, what)
+
+
 def _chain(*posts: Callable[[], None] | None) -> Callable[[], None] | None:
     steps = [p for p in posts if p is not None]
     if not steps:
@@ -130,7 +141,10 @@ def _check_blocks(what: str, ts: Sequence[torch.Tensor], like: torch.Tensor, n: 
 
 def _on_gpu(*ts: Any) -> bool:
     """Whether the call's tensors are CUDA tensors (served by ``minidist_native``)."""
-    return any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in ts)
+    for t in ts:
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            return True
+    return False
 
 
 def _native() -> Any:
@@ -157,7 +171,7 @@ def _gpu_only(what: str, *ts: Any) -> None:
 
 
 @_ordered
-def all_reduce(t: torch.Tensor, op: Any, g: Group | None) -> Work:
+def all_reduce(t: torch.Tensor, op: Any, g: Group | None, blocking: bool = False) -> Work:
     op = to_op(op)
     if isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo:
         return sparse_all_reduce(t, op, g)
@@ -165,8 +179,8 @@ def all_reduce(t: torch.Tensor, op: Any, g: Group | None) -> Work:
         nw = _native().all_reduce(t, op, g, async_op=True)
         return _gpu_work(nw, None, [t], "all_reduce", t.device)
     arr, post = as_output(t, "all_reduce", reduce=True)
-    w = md.all_reduce(arr, op, g, async_op=True)
-    return Work(_futures(w), post, [t], "all_reduce")
+    item = md.door().plan.prepare_all_reduce(arr, op, g, None)
+    return _issue(item, post, [t], "all_reduce", blocking)
 
 
 @_ordered
@@ -221,29 +235,30 @@ def sparse_all_reduce(t: torch.Tensor, op: Any, g: Group | None) -> Work:
 
 
 @_ordered
-def broadcast(t: torch.Tensor, src: int, g: Group | None) -> Work:
+def broadcast(t: torch.Tensor, src: int, g: Group | None, blocking: bool = False) -> Work:
     if _on_gpu(t):
         nw = _native().broadcast(t, src, g, async_op=True)
         return _gpu_work(nw, None, [t], "broadcast", t.device)
     arr, post = as_output(t, "broadcast")
-    w = md.broadcast(arr, src, g, async_op=True)
-    return Work(_futures(w), post, [t], "broadcast")
+    item = md.door().plan.prepare_broadcast(arr, src, g, None)
+    return _issue(item, post, [t], "broadcast", blocking)
 
 
 @_ordered
-def reduce(t: torch.Tensor, dst: int, op: Any, g: Group | None) -> Work:
+def reduce(t: torch.Tensor, dst: int, op: Any, g: Group | None,
+           blocking: bool = False) -> Work:
     op = to_op(op)
     if _on_gpu(t):
         nw = _native().reduce(t, dst, op, g, async_op=True)
         return _gpu_work(nw, None, [t], "reduce", t.device)
     arr, post = as_output(t, "reduce", reduce=True)
-    w = md.reduce(arr, dst, op, g, async_op=True)
-    return Work(_futures(w), post, [t], "reduce")
+    item = md.door().plan.prepare_reduce(arr, dst, op, g, None)
+    return _issue(item, post, [t], "reduce", blocking)
 
 
 @_ordered
-def barrier(g: Group | None) -> Work:
-    return Work(_futures(md.barrier(g, async_op=True)), None, None, "barrier")
+def barrier(g: Group | None, blocking: bool = False) -> Work:
+    return _issue(md.door().plan.prepare_barrier(g), None, None, "barrier", blocking)
 
 
 @_ordered

@@ -153,7 +153,9 @@ class Work(TorchWork):
     def _finish(self, timeout: float | None = None) -> None:
         """Wait for the minidist calls, run the final step once; raise the call's error."""
         if not self._finished:
-            if len(self._futures) == 1:  # the usual case, without wait()'s waiters
+            if not self._futures:
+                done, pending = set(), set()
+            elif len(self._futures) == 1:  # the usual case, without wait()'s waiters
                 f = self._futures[0]
                 with contextlib.suppress(concurrent.futures.TimeoutError,
                                          concurrent.futures.CancelledError):
@@ -293,6 +295,29 @@ class Work(TorchWork):
     def __repr__(self) -> str:
         state = "done" if self._finished or self._all_done() else "pending"
         return f"<minidist.torch.Work {self._what} {state}>"
+
+
+class Blocking:
+    """A synchronous call through the shared-memory fast path, run by ``wait()`` on the
+    caller's thread (outside the lock under which calls are numbered; its turn among
+    the group's calls is kept by its number). Only the drop-in module's synchronous
+    calls make one, and wait for it at once: it is never handed to torch."""
+
+    __slots__ = ("_run", "_post")
+
+    def __init__(self, run: Callable[[], None], post: Callable[[], None] | None) -> None:
+        self._run = run
+        self._post = post
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Run the call; raise its error as :meth:`Work.wait` would."""
+        try:
+            self._run()
+        except DistTimeoutError as e:
+            raise torch_worded(e) from e.__cause__
+        if self._post is not None:
+            self._post()
+        return True
 
 
 def done_work(result: Any = None, what: str = "call") -> Work:
