@@ -92,10 +92,11 @@ def main(argv: list[str] | None = None) -> int:
 
     _bench_parser(sub)
     cal = sub.add_parser("calibrate", help="measure this machine for the cost model",
-                         description="Measure the cost per message and per byte of "
-                         "minidist's socket and shared-memory paths on this machine and "
-                         "save them where every job reads them (MINIDIST_CALIBRATION, "
-                         "default ~/.cache/minidist/calibration.json).")
+                         description="Measure the cost per call, per message and per "
+                         "byte of minidist's socket and shared-memory paths on this machine "
+                         "(a job of 4 processes, a few seconds) and save them where every "
+                         "job reads them (MINIDIST_CALIBRATION, default "
+                         "~/.cache/minidist/calibration.json).")
     cal.add_argument("--quick", action="store_true", help="a rougher, faster measurement")
     cal.add_argument("--no-save", action="store_true", help="print only")
     from .algo_cli import add_parser as _algo_parser
@@ -135,7 +136,11 @@ def _calibrate(a: argparse.Namespace) -> int:
     from . import calibrate
     from .algorithms import cost
 
-    c = calibrate.measure(quick=a.quick)
+    try:
+        c = calibrate.measure(quick=a.quick)
+    except RuntimeError as e:
+        print(f"minidist {e}", file=sys.stderr)
+        return 1
     for k, v in c.to_dict().items():
         print(f"{k:8s} {v:.3g}" if isinstance(v, float) else f"{k:8s} {v}")
     sizes = (8, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)

@@ -460,8 +460,9 @@ def _cost(a: argparse.Namespace) -> int:
     print(f"{coll}: n={n}, {format_size(nbytes)}B ({count} {a.dtype} "
           f"{'elements' if coll in algorithms.IN_PLACE else 'per block'}), {layout}, "
           f"{c.cores} cores per node")
-    print(f"costs ({where}): alpha_s {c.alpha_s * 1e6:.3g} us, beta_s {c.beta_s * 1e9:.3g} "
-          f"ns/B, gamma {c.gamma * 1e9:.3g} ns/B, delta {c.delta * 1e9:.3g} ns/B"
+    print(f"costs ({where}): call_s {c.call_s * 1e6:.3g} us, alpha_s {c.alpha_s * 1e6:.3g} "
+          f"us, beta_s {c.beta_s * 1e9:.3g} ns/B, gamma {c.gamma * 1e9:.3g} ns/B, delta "
+          f"{c.delta * 1e9:.3g} ns/B, sigma {c.sigma * 1e6:.3g} us"
           + (f", alpha_n {c.alpha_n * 1e6:.3g} us, beta_n {c.beta_n * 1e9:.3g} ns/B"
              if layout != "1 node" else ""))
     print("lower bounds (a core per rank):")
@@ -473,7 +474,10 @@ def _cost(a: argparse.Namespace) -> int:
     print(f"  bandwidth  {bw:32s} {bounds['bandwidth'] * 1e6:12.1f} us")
     if bounds["compute"]:
         print(f"  compute    (n-1)/n * N * gamma              {bounds['compute'] * 1e6:12.1f} us")
-    print(f"  bound      max(latency, bandwidth + compute) {bounds['bound'] * 1e6:10.1f} us")
+    if bounds["call"]:
+        print(f"  call       call_s                           {bounds['call'] * 1e6:12.1f} us")
+    print(f"  bound      call + max(latency, bandwidth + compute) "
+          f"{bounds['bound'] * 1e6:5.1f} us")
     print()
     print(f"{'algorithm':22s} {'predicted':>12s} {'% of bound':>11s} {'messages':>9s} "
           f"{'rounds':>7s} {'bytes sent':>12s}")

@@ -351,6 +351,10 @@ class Planner:
                 forced = cost.choose(g.size, nbytes, self.costs, chunk,
                                      cost.CANDIDATES if self.shm_enabled
                                      else cost.CANDIDATES[:-1], itemsize=flat.itemsize)
+        if kind == wire.Kind.ALL_TO_ALL and forced is None:  # the replay picks
+            forced = cost.choose_replayed("all_to_all", g.size, count, self.costs,
+                                          cost.ALL_TO_ALL_CANDIDATES, itemsize=flat.itemsize,
+                                          nodes=layout)
         name = choose_algorithm(collective, g.size, nbytes, count, forced)
         sched = algorithms.make_schedule(collective, name, g.rank_of(self.rank), g.size,
                                          count, g.rank_of(root) if root >= 0 else 0,

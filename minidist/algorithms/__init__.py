@@ -452,9 +452,11 @@ def choose(collective: str, size: int, nbytes: int, *, count: int | None = None)
     all_reduce, broadcast and reduce, the full ``count * size`` buffer for all_gather,
     reduce_scatter, gather, scatter and all_to_all. ``count`` (elements, optional) lets
     all_reduce and broadcast avoid chunked algorithms when there are fewer elements than
-    ranks. Same arguments, same answer on every rank. Thresholds are the module
-    constants ``*_MIN_BYTES``. Raises ValueError for an unknown collective or negative
-    sizes.
+    ranks (for all_to_all: the elements of one block). Same arguments, same answer on
+    every rank. Thresholds are the module constants ``*_MIN_BYTES``; all_to_all follows
+    the cost replay with the built-in costs (:func:`cost.choose_replayed`: Bruck for
+    small blocks, pairwise for large ones). Raises ValueError for an unknown collective
+    or negative sizes.
     """
     _collective(collective)
     if size < 1 or nbytes < 0 or (count is not None and count < 0):
@@ -474,4 +476,11 @@ def choose(collective: str, size: int, nbytes: int, *, count: int | None = None)
         return "recursive_doubling" if nbytes < ALLGATHER_RING_MIN_BYTES else "ring"
     if collective in ("gather", "scatter"):
         return "binomial" if nbytes < GATHER_SCATTER_LINEAR_MIN_BYTES else "linear"
+    if collective == "all_to_all":  # the cost replay with the built-in costs
+        from . import cost
+
+        block = count if count is not None else nbytes // (4 * size)
+        itemsize = nbytes // (block * size) if block else 4
+        return cost.choose_replayed("all_to_all", size, block, cost.DEFAULT,
+                                    cost.ALL_TO_ALL_CANDIDATES, itemsize=max(1, itemsize))
     return ALGORITHMS[collective][0]

@@ -8,7 +8,9 @@ machine and says when each rank finishes. The model:
   (writing it) and half on the receiver (reading it, once it has arrived); between
   nodes it also crosses the sending node's network link, which carries one message at
   a time: ``b * beta_n`` on the link, plus ``alpha_n`` of latency;
-* reducing ``b`` bytes costs ``b * gamma`` of CPU, copying them ``b * delta``;
+* reducing ``b`` bytes costs ``b * gamma`` of CPU, copying them ``b * delta``, and
+  every such operation (a Reduce or a Copy: one numpy call) ``sigma`` more, so that
+  many small copies (Bruck's packing and rotations) cost what they do;
 * each rank does its work in order, as the executor does: a step's sends, then its
   receives in the order they arrive, then its computations; a rank waits for a
   message only when it has nothing else to do;
@@ -20,10 +22,12 @@ critical path of the alpha-beta(-gamma) model; with many ranks per core it shows
 total work: the model needs no separate formula per algorithm, and works for every
 collective and for algorithms of your own.
 
-**The chooser** (:func:`choose`) predicts each candidate all_reduce algorithm with the
-replay (memoized; very large schedules fall back to the closed forms of
-:func:`predict`) and takes the least; equal predictions go to the algorithm that sends
-fewer messages, then to the first listed.
+**The choosers** predict each candidate algorithm with the replay (memoized; very
+large schedules fall back to closed forms) and take the least; equal predictions go to
+the algorithm that sends fewer messages, then to the first listed. :func:`choose` picks
+one node's all_reduce (:func:`predict` prunes the candidates first);
+:func:`choose_replayed` any collective's, from its schedules alone (the planner uses it
+for all_to_all: Bruck for small blocks, pairwise for large ones).
 
 The parameters come from ``minidist calibrate`` (saved per machine) or the defaults
 below, measured on a 2-core machine like the project's.
@@ -47,19 +51,22 @@ class Costs:
     ``alpha_s``/``beta_s``: a message over a socket inside a node (per message, per
     byte). ``alpha_m``/``beta_m``: the shared-memory all_reduce's closed form (one
     barrier round; copies and reduction per byte of the vector). ``gamma``/``delta``:
-    reducing / copying one byte. ``alpha_n``/``beta_n``: a message between nodes
-    (latency, per byte on the link). ``cores``: cores per node.
+    reducing / copying one byte; ``sigma``: the fixed cost of one such local operation
+    (a numpy call). ``alpha_n``/``beta_n``: a message between nodes (latency, per byte
+    on the link). ``cores``: cores per node.
     """
 
-    alpha_s: float = 60e-6
-    beta_s: float = 1.0e-9
-    alpha_m: float = 60e-6
-    beta_m: float = 0.35e-9
+    alpha_s: float = 40e-6
+    beta_s: float = 0.4e-9
+    alpha_m: float = 90e-6
+    beta_m: float = 0.42e-9
     cores: int = 2
-    gamma: float = 0.17e-9
-    delta: float = 0.17e-9
+    gamma: float = 0.085e-9
+    delta: float = 0.165e-9
     alpha_n: float = 50e-6
     beta_n: float = 0.8e-9
+    sigma: float = 1.0e-6
+    call_s: float = 77e-6
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -138,6 +145,7 @@ def replay(schedules: Sequence[Schedule], c: Costs = DEFAULT, itemsize: int = 4,
     free = {nd: [0.0] * cores for nd in set(node)}  # each node's cores: when free
     link = dict.fromkeys(set(node), 0.0)  # each node's network link: when free
     steps = [s.steps for s in schedules]
+    steps_of = [bool(st) for st in steps]
     pc = [0] * n
     stage = [0] * n  # 0 sends, 1 receives, 2 compute
     nsent = [0] * n
@@ -150,7 +158,6 @@ def replay(schedules: Sequence[Schedule], c: Costs = DEFAULT, itemsize: int = 4,
     events: list[Event] = []
     flows: list[Message] = []
     totals = {"messages": 0, "bytes": 0, "reduced": 0, "copied": 0}
-    heap: list[tuple[float, int, int]] = [(0.0, r, 0) for r in range(n)]
     half_a = c.alpha_s / 2
     half_b = c.beta_s / 2
 
@@ -161,6 +168,12 @@ def replay(schedules: Sequence[Schedule], c: Costs = DEFAULT, itemsize: int = 4,
         heapq.heappush(cs, start + d)
         busy[r] += d
         return start
+
+    # every rank first spends call_s on the call itself (planning, handing it over)
+    heap: list[tuple[float, int, int]] = [
+        ((work(r, 0.0, c.call_s) + c.call_s) if c.call_s > 0 and steps_of[r] else 0.0, r, 0)
+        for r in range(n)]
+    heapq.heapify(heap)
 
     def wake(r: int, t: float) -> None:
         version[r] += 1
@@ -236,21 +249,24 @@ def replay(schedules: Sequence[Schedule], c: Costs = DEFAULT, itemsize: int = 4,
                 wake(r, start + d)
                 break
             # stage 2: the step's computations, then the next step
+            nreduce = sum(1 for op in st.compute if isinstance(op, Reduce) and op.n)
+            ncopy = sum(1 for op in st.compute if not isinstance(op, Reduce) and op.n)
             reduced = sum(op.n for op in st.compute if isinstance(op, Reduce)) * itemsize
             copied = sum(op.n for op in st.compute if not isinstance(op, Reduce)) * itemsize
             totals["reduced"] += reduced
             totals["copied"] += copied
             pc[r] += 1
             stage[r] = 0
-            d = reduced * c.gamma + copied * c.delta
+            d_reduce = reduced * c.gamma + nreduce * c.sigma
+            d = d_reduce + copied * c.delta + ncopy * c.sigma
             if d > 0:
                 start = work(r, t, d)
                 if record:
                     if reduced:
                         events.append(Event(r, pc[r] - 1, "reduce", start,
-                                            start + reduced * c.gamma, nbytes=reduced))
+                                            start + d_reduce, nbytes=reduced))
                     if copied:
-                        events.append(Event(r, pc[r] - 1, "copy", start + reduced * c.gamma,
+                        events.append(Event(r, pc[r] - 1, "copy", start + d_reduce,
                                             start + d, nbytes=copied))
                 wake(r, start + d)
                 break
@@ -288,10 +304,11 @@ def lower_bounds(collective: str, n: int, nbytes: int, c: Costs = DEFAULT
     least send and receive, half each way): 2(n-1)/n N for all_reduce, (n-1)/n N for
     all_gather, reduce_scatter and all_to_all, (n-1)/n N / 2 for gather and scatter
     (only the root), N / 2 for broadcast and reduce; ``compute`` = (n-1)/n N gamma for
-    the reducing collectives. ``bound`` is the larger of latency and bandwidth +
-    compute. ``nbytes`` (N) is the whole vector, as for :func:`choose`."""
+    the reducing collectives; ``call`` = call_s, what every rank spends on the call
+    itself. ``bound`` is call plus the larger of latency and bandwidth + compute.
+    ``nbytes`` (N) is the whole vector, as for :func:`choose`."""
     if n <= 1:
-        return {"latency": 0.0, "bandwidth": 0.0, "compute": 0.0, "bound": 0.0}
+        return {"latency": 0.0, "bandwidth": 0.0, "compute": 0.0, "call": 0.0, "bound": 0.0}
     N = float(nbytes)
     share = (n - 1) / n * N
     if collective == "all_reduce":
@@ -309,7 +326,7 @@ def lower_bounds(collective: str, n: int, nbytes: int, c: Costs = DEFAULT
     compute = share * c.gamma if collective in ("all_reduce", "reduce_scatter", "reduce") \
         else 0.0
     return {"latency": latency, "bandwidth": bandwidth, "compute": compute,
-            "bound": max(latency, bandwidth + compute)}
+            "call": c.call_s, "bound": c.call_s + max(latency, bandwidth + compute)}
 
 
 # --------------------------------------------------------------------------- closed forms
@@ -341,7 +358,8 @@ def predict(algorithm: str, n: int, nbytes: int, c: Costs = DEFAULT,
         work = (k + 1) * n * L * c.alpha_m + n * N * c.beta_m
     else:
         return math.inf
-    return max(critical, work / max(1, c.cores))
+    # every rank first spends call_s on the call itself
+    return max(c.call_s + critical, (n * c.call_s + work) / max(1, c.cores))
 
 
 # --------------------------------------------------------------------------- the chooser
@@ -418,6 +436,97 @@ def choose(n: int, nbytes: int, c: Costs = DEFAULT, chunk_bytes: int = 2 << 20,
     scored = [(_estimate(a, n, nbytes, c, chunk_bytes, itemsize), i, a)
               for i, a in enumerate(kept)]
     best = min(t for (t, _), _, _ in scored)
+    tied = [(messages, i, a) for (t, messages), i, a in scored
+            if t <= best * (1 + 1e-6) + 1e-15]
+    return min(tied)[2]
+
+
+# --------------------------------------------------------------------------- any collective
+
+ALL_TO_ALL_CANDIDATES = ("pairwise", "bruck")
+"""What the planner chooses from for an all_to_all (:func:`choose_replayed`)."""
+
+
+REPLAY_QUICK_OPS = 4_000
+"""Where a closed form gives the replay's answer (all_to_all on one node: every rank
+does the same work, so the replay's time is the cores' work), :func:`choose_replayed`
+replays only schedules of at most this many operations (a few milliseconds)."""
+
+
+def predict_all_to_all(algorithm: str, n: int, count: int, c: Costs = DEFAULT,
+                       itemsize: int = 4) -> float:
+    """Closed-form seconds of a one-node all_to_all of ``count`` elements per block
+    (each rank sends ``n - 1`` blocks): the larger of the critical path and all ranks'
+    work over the cores, as :func:`predict` (inf for another algorithm). The chooser
+    uses it only for schedules too large to replay.
+
+    pairwise: ``n - 1`` messages of one block, one block copied; Bruck: ``ceil(log2 n)``
+    messages, round ``k`` with the blocks whose position has bit ``k`` set, each packed
+    and unpacked (a copy each), plus the rotation in (two copies) and the ``n`` copies
+    out. Exact (the replay's answer) when the ranks' work divides evenly among the
+    cores."""
+    if n <= 1:
+        return 0.0
+    b = count * itemsize
+    if algorithm == "pairwise":
+        per_rank = c.call_s + (n - 1) * (c.alpha_s + b * c.beta_s) + b * c.delta + c.sigma
+    elif algorithm == "bruck":
+        moved = [sum(1 for i in range(n) if i & d) for d in (1 << k for k in
+                                                             range((n - 1).bit_length()))]
+        per_rank = (c.call_s + len(moved) * c.alpha_s + sum(moved) * b * c.beta_s
+                    + (2 * sum(moved) + 2 * n) * b * c.delta
+                    + (2 * sum(moved) + n + 2) * c.sigma)
+    else:
+        return math.inf
+    return max(per_rank, n * per_rank / max(1, c.cores))
+
+
+def _schedule_ops(collective: str, algorithm: str, n: int, count: int) -> int:
+    """About how many operations the schedules of one call hold: rank 0's times ``n``
+    (rank 0's schedule only is built: cheap even for thousands of ranks)."""
+    from . import make_schedule
+
+    s = make_schedule(collective, algorithm, 0, n, count)
+    return n * sum(len(st.comms) + len(st.compute) for st in s.steps)
+
+
+@functools.lru_cache(maxsize=1024)
+def _replayed_call(collective: str, algorithm: str, n: int, count: int, itemsize: int,
+                   c: Costs, nodes: tuple[int, ...] | None) -> tuple[float, float]:
+    """(seconds, messages) of one call by replay, or by closed form when its schedules
+    are larger than :data:`REPLAY_MAX_OPS` (memoized)."""
+    if n <= 1:
+        return 0.0, 0.0
+    ops = _schedule_ops(collective, algorithm, n, count)
+    closed = (collective == "all_to_all" and nodes is None
+              and algorithm in ALL_TO_ALL_CANDIDATES)
+    if ops > (REPLAY_QUICK_OPS if closed else REPLAY_MAX_OPS):
+        if closed:
+            return predict_all_to_all(algorithm, n, count, c, itemsize), math.inf
+        return math.inf, math.inf
+    result = replay_call(collective, algorithm, n, count, c, itemsize=itemsize, nodes=nodes)
+    return result.time, result.messages
+
+
+def choose_replayed(collective: str, n: int, count: int, c: Costs = DEFAULT,
+                    candidates: Sequence[str] = ALL_TO_ALL_CANDIDATES, *, itemsize: int = 4,
+                    nodes: Sequence[int] | None = None) -> str:
+    """The candidate (registered names of ``collective``) with the least replayed time
+    for ``n`` ranks and ``count`` elements (as :func:`~minidist.algorithms.make_schedule`
+    counts them; ``nodes``: the node of each rank, default one node); equal predictions
+    (within one part in a million) go to the one that sends fewer messages, then to the
+    first listed. Schedules too large to replay use a closed form where there is one
+    (all_to_all on one node), else count as infinitely slow; if every candidate does,
+    the first listed wins. Pure and memoized: the same answer on every rank that has
+    the same calibration."""
+    if not candidates:
+        raise ValueError("choose_replayed needs at least one candidate")
+    layout = tuple(nodes) if nodes is not None and len(set(nodes)) > 1 else None
+    scored = [(_replayed_call(collective, a, n, count, itemsize, c, layout), i, a)
+              for i, a in enumerate(candidates)]
+    best = min(t for (t, _), _, _ in scored)
+    if math.isinf(best):
+        return candidates[0]
     tied = [(messages, i, a) for (t, messages), i, a in scored
             if t <= best * (1 + 1e-6) + 1e-15]
     return min(tied)[2]
