@@ -19,11 +19,13 @@ examples:
   minidist bench barrier -n 64 --vs gloo --plot barrier.png
   minidist bench all_reduce -n 4 -b 4K -e 1M -f 4 --algorithm all --predict
   minidist bench all_reduce -n 8 --algorithm mine:rabenseifner,ring --predict
+  minidist bench all_to_all -n 8 -b 64 -e 16M -f 4 --algorithm all --predict
 
-size = bytes of the whole vector (all_gather: the gathered output; reduce_scatter: the
-input), time = max over ranks of the mean per-iteration time, algbw = size / time,
-busbw = algbw x 2(n-1)/n (all_reduce), (n-1)/n (all_gather, reduce_scatter), 1
-(broadcast). 'x gloo' = gloo time / minidist time = minidist busbw / gloo busbw.
+size = bytes of the whole vector (all_gather: the gathered output; reduce_scatter and
+all_to_all: the input), time = max over ranks of the mean per-iteration time, algbw =
+size / time, busbw = algbw x 2(n-1)/n (all_reduce), (n-1)/n (all_gather,
+reduce_scatter, all_to_all), 1 (broadcast). 'x gloo' = gloo time / minidist time =
+minidist busbw / gloo busbw.
 """
 
 
@@ -189,10 +191,27 @@ def _predict(results: report.Results, names: list[str]) -> None:
         chosen = minidist_choice(coll, n, per_rank, results.dtype, c)
         if chosen is not None:
             results.chosen[count] = chosen
+            if _fast_path(coll, n, per_rank * itemsize):
+                results.fast.append(count)
         for name in names or ([chosen] if chosen else []):
             rep = cost.replay(schedules(coll, name, n, per_rank, itemsize=itemsize), c,
                               itemsize)
             results.predicted.setdefault(name, {})[count] = rep.time * 1e6
+
+
+def _fast_path(collective: str, n: int, nbytes: int) -> bool:
+    """Whether a call of ``nbytes`` without algorithm= takes the fast path (shared slots)
+    in a job of ``n`` processes of this node started from this environment, instead of
+    the chosen algorithm (as the planner decides)."""
+    import os
+
+    from .. import fastpath, segments
+    from ..env import fast_path_allowed
+
+    return (collective in ("all_reduce", "broadcast", "barrier") and n <= fastpath.MAX_RANKS
+            and nbytes <= fastpath.SLOT_BYTES and fastpath.available()
+            and segments.available() and fast_path_allowed(os.environ)
+            and not os.environ.get(f"MINIDIST_ALGO_{collective.upper()}"))
 
 
 def _note(text: str) -> None:

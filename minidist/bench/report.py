@@ -3,11 +3,12 @@
 Conventions are those of nccl-tests, so that the numbers read the same way:
 
 * ``size`` is the bytes of the collective's whole vector: the buffer of all_reduce and
-  broadcast, the gathered output of all_gather, the input of reduce_scatter (so a rank
-  of all_gather sends, and one of reduce_scatter receives, ``size / n`` bytes).
+  broadcast, the gathered output of all_gather, the input of reduce_scatter and of
+  all_to_all (so a rank of all_gather sends, and one of reduce_scatter receives,
+  ``size / n`` bytes; one of all_to_all sends ``size / n`` to each rank).
 * ``algbw = size / time`` and ``busbw = algbw * factor``, in GB/s (10^9 bytes), with
-  factor ``2(n-1)/n`` for all_reduce, ``(n-1)/n`` for all_gather and reduce_scatter and
-  1 for broadcast. busbw is comparable across n: it is what each rank's link carried.
+  factor ``2(n-1)/n`` for all_reduce, ``(n-1)/n`` for all_gather, reduce_scatter and
+  all_to_all and 1 for broadcast. busbw is comparable across n: it is what each rank's link carried.
 * ``time`` is the mean time of one iteration on a rank, the largest over the ranks.
 
 The ratio column ``x SYSTEM`` is ``SYSTEM time / minidist time``. For the same size and
@@ -24,7 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier")
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
+               "barrier")
 SYSTEMS = ("minidist", "gloo", "mpi")
 # dtypes that numpy, torch (gloo) and MPI all carry
 DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64")
@@ -97,7 +99,7 @@ def element_count(collective: str, nbytes: int, n: int, itemsize: int) -> int:
     is ``n`` equal blocks, so it is rounded down to a multiple of ``n``).
     """
     count = nbytes // itemsize
-    if collective in ("all_gather", "reduce_scatter"):
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
         return max(1, count // n) * n
     if collective == "barrier":
         return 0
@@ -122,7 +124,7 @@ def bus_factor(collective: str, n: int) -> float | None:
         raise ValueError(f"n must be at least 1, not {n}")
     if collective == "all_reduce":
         return 2.0 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter"):
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n
     if collective == "broadcast":
         return 1.0
@@ -173,6 +175,8 @@ class Results:
     # --predict: algorithm -> element count -> predicted time (us), and minidist's choice
     predicted: dict[str, dict[int, float]] = field(default_factory=dict)
     chosen: dict[int, str] = field(default_factory=dict)
+    # counts at which a call without algorithm= takes the fast path (shared slots)
+    fast: list[int] = field(default_factory=list)
 
     @property
     def itemsize(self) -> int:
@@ -239,7 +243,7 @@ def header_lines(r: Results) -> list[str]:
     if r.machine:
         lines.append("# machine: " + machine_line(r.machine))
     factor = {"all_reduce": "2(n-1)/n", "all_gather": "(n-1)/n", "reduce_scatter": "(n-1)/n",
-              "broadcast": "1"}.get(r.collective)
+              "all_to_all": "(n-1)/n", "broadcast": "1"}.get(r.collective)
     if factor:
         lines.append(f"# time: max over ranks of the mean per-iteration time; "
                      f"algbw = size/time; busbw = algbw x {factor}")
@@ -326,6 +330,8 @@ def algorithm_lines(r: Results) -> list[str]:
         h2 += f"  {'minidist chooses':20s}"
         h3 += f"  {'':20s}"
     h2 += f"  {'fastest measured':20s}"
+    if r.chosen:
+        h2 += f"{'chosen/fastest':>15s}"
     lines = ["#" + h1.rstrip()[1:], "#" + h2[1:].rstrip(), "#" + h3.rstrip()[1:]]
     for count in r.counts:
         row = f"{r.nbytes(count):>12}{count:>12}{r.dtype:>9}"
@@ -340,24 +346,64 @@ def algorithm_lines(r: Results) -> list[str]:
             cell = f"{_time(m.time_us if m else None):>11}{_time(pred):>10}"
             row += cell.rjust(w)
         if r.chosen:
-            row += f"  {r.chosen.get(count, '-'):20s}"
+            mark = "*" if count in r.fast else ""
+            row += f"  {r.chosen.get(count, '-') + mark:20s}"
         best = min(measured, key=measured.get) if measured else "-"
         row += f"  {best:20s}"
+        ratio = choice_ratios(r).get(count)
+        if ratio is not None:
+            row += f"{ratio:>15.2f}"
         lines.append(row.rstrip())
+    return lines
+
+
+CHOICE_TOLERANCE = 1.2
+"""The choice summary counts the sizes at which minidist's choice measured within this
+factor of the fastest algorithm measured."""
+
+
+def choice_ratios(r: Results) -> dict[int, float]:
+    """Per element count: the measured time of minidist's choice over the fastest
+    measured algorithm's (only where the choice was measured, as a column of its own)."""
+    names = {r.algorithm_of(s): s for s in r.minidist_columns}
+    out = {}
+    for count, chosen in r.chosen.items():
+        times = {a: m.time_us for a, s in names.items() if (m := r.get(s, count))}
+        if chosen in times and times and min(times.values()) > 0:
+            out[count] = times[chosen] / min(times.values())
+    return out
+
+
+def choice_lines(r: Results) -> list[str]:
+    """The summary under an algorithms table: how often the choice was (nearly) the
+    fastest, and the sizes where a call would not run the chosen algorithm at all."""
+    lines = []
+    ratios = choice_ratios(r)
+    if ratios:
+        good = sum(1 for x in ratios.values() if x <= CHOICE_TOLERANCE)
+        lines.append(f"# minidist's choice measured within {CHOICE_TOLERANCE:g}x of the "
+                     f"fastest at {good} of {len(ratios)} sizes")
+    if r.fast and r.chosen:
+        lines.append("# *: without algorithm=, a call this small goes through the shared "
+                     "slots (the fast path), not through the chosen algorithm; the choice "
+                     "applies with MINIDIST_FASTPATH=0")
     return lines
 
 
 def format_table(r: Results) -> str:
     """Header, table and footer, as ``minidist bench`` prints them."""
-    table = algorithm_lines(r) if (len(r.minidist_columns) > 1 or r.predicted) \
-        and r.collective != "barrier" else table_lines(r)
+    by_algorithm = (len(r.minidist_columns) > 1 or bool(r.predicted)) \
+        and r.collective != "barrier"
+    table = algorithm_lines(r) if by_algorithm else table_lines(r)
     extra = []
     if r.predicted:
         extra = ["# pred: the cost model's replay of the algorithm's schedules with this "
                  "machine's calibration (minidist calibrate), all ranks on this node"]
     if len(r.minidist_columns) > 1 and r.others:
         extra.append("# x SYSTEM compares with the fastest minidist algorithm at each size")
-    return "\n".join([*header_lines(r), *extra, "#", *table, "#", *footer_lines(r)]) + "\n"
+    summary = choice_lines(r) if by_algorithm else []
+    return "\n".join([*header_lines(r), *extra, "#", *table, "#", *summary,
+                      *footer_lines(r)]) + "\n"
 
 
 def machine_line(m: Mapping[str, Any]) -> str:
@@ -405,6 +451,7 @@ def to_json(r: Results) -> dict[str, Any]:
         "predicted_us": {a: {str(c): t for c, t in per.items()}
                          for a, per in r.predicted.items()},
         "chosen": {str(c): a for c, a in r.chosen.items()},
+        "fast_path": list(r.fast),
     }
 
 
@@ -425,6 +472,7 @@ def from_json(doc: Mapping[str, Any]) -> Results:
     r.predicted = {a: {int(c): t for c, t in per.items()}
                    for a, per in doc.get("predicted_us", {}).items()}
     r.chosen = {int(c): a for c, a in doc.get("chosen", {}).items()}
+    r.fast = [int(c) for c in doc.get("fast_path", [])]
     return r
 
 

@@ -38,7 +38,8 @@ def make_buffers(collective: str, count: int, n: int, dtype: str) -> dict[str, n
     """Zero-filled numpy buffers for one call; ``count`` is the whole vector's elements.
 
     all_reduce / broadcast: ``buf``; all_gather: ``inp`` (count / n) -> ``out`` (count);
-    reduce_scatter: ``inp`` (count) -> ``out`` (count / n); barrier: none.
+    reduce_scatter: ``inp`` (count) -> ``out`` (count / n); all_to_all: ``inp`` (count)
+    -> ``out`` (count); barrier: none.
     """
     dt = np.dtype(dtype)
     if collective in ("all_reduce", "broadcast"):
@@ -47,6 +48,8 @@ def make_buffers(collective: str, count: int, n: int, dtype: str) -> dict[str, n
         return {"inp": np.zeros(count // n, dt), "out": np.zeros(count, dt)}
     if collective == "reduce_scatter":
         return {"inp": np.zeros(count, dt), "out": np.zeros(count // n, dt)}
+    if collective == "all_to_all":
+        return {"inp": np.zeros(count, dt), "out": np.zeros(count, dt)}
     if collective == "barrier":
         return {}
     raise ValueError(f"unknown collective {collective!r}")
@@ -82,7 +85,7 @@ def fill_for_check(collective: str, bufs: dict[str, np.ndarray], rank: int, n: i
     elif collective == "all_gather":
         bufs["inp"][:] = pattern(rank, 0, bufs["inp"].size, dtype)
         bufs["out"][:] = 5
-    elif collective == "reduce_scatter":
+    elif collective in ("reduce_scatter", "all_to_all"):
         bufs["inp"][:] = pattern(rank, 0, bufs["inp"].size, dtype)
         bufs["out"][:] = 5
 
@@ -105,6 +108,10 @@ def count_wrong(collective: str, bufs: dict[str, np.ndarray], rank: int, n: int,
         got = bufs["out"]
         per = got.size
         want = _summed(n, rank * per, per, got.dtype.name)
+    elif collective == "all_to_all":  # block j: block `rank` of rank j's input
+        got = bufs["out"]
+        per = got.size // n
+        want = np.concatenate([pattern(j, rank * per, per, got.dtype.name) for j in range(n)])
     else:
         raise ValueError(f"unknown collective {collective!r}")
     return int(np.count_nonzero(got != want))
@@ -177,6 +184,9 @@ class Minidist(System):
         if collective == "reduce_scatter":
             out, inp = bufs["out"], bufs["inp"]
             return lambda: md.reduce_scatter(out, inp, **kw)
+        if collective == "all_to_all":
+            out, inp = bufs["out"], bufs["inp"]
+            return lambda: md.all_to_all(out, inp, **kw)
         if collective == "barrier":  # its algorithm comes from MINIDIST_ALGO_BARRIER
             return md.barrier
         raise ValueError(collective)
@@ -225,6 +235,9 @@ class Gloo(System):
         if collective == "reduce_scatter":
             out, inp = t["out"], t["inp"]
             return lambda: dist.reduce_scatter_tensor(out, inp)
+        if collective == "all_to_all":
+            out, inp = t["out"], t["inp"]
+            return lambda: dist.all_to_all_single(out, inp)
         if collective == "barrier":
             return dist.barrier
         raise ValueError(collective)
@@ -270,6 +283,9 @@ class Mpi(System):
         if collective == "reduce_scatter":
             out, inp = bufs["out"], bufs["inp"]
             return lambda: comm.Reduce_scatter_block(inp, out)
+        if collective == "all_to_all":
+            out, inp = bufs["out"], bufs["inp"]
+            return lambda: comm.Alltoall(inp, out)
         if collective == "barrier":
             return comm.Barrier
         raise ValueError(collective)

@@ -34,11 +34,33 @@ def test_the_algorithms_table_from_results():
     text = report.format_table(r)
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     assert lines[0].split() == ["1024", "256", "float32", "90.0", "100.0", "50.0", "60.0",
-                                "tree", "tree"]
-    assert lines[1].split()[-2:] == ["tree", "ring"]  # chosen, fastest measured
+                                "tree", "tree", "1.00"]
+    # chosen, fastest measured, the choice's time over the fastest
+    assert lines[1].split()[-3:] == ["tree", "ring", "1.06"]
     assert "# pred: the cost model's replay" in text
+    assert "# minidist's choice measured within 1.2x of the fastest at 2 of 2 sizes" in text
+    assert "shared slots" not in text
     again = report.from_json(json.loads(report.dumps(r)))
     assert again.predicted == r.predicted and again.chosen == r.chosen
+
+
+def test_the_choice_summary_counts_sizes_and_marks_the_fast_path():
+    r = report.Results("all_reduce", 4, "float32", [1, 1024, 1 << 20], 5, 1, "all",
+                       systems=["minidist/recursive_doubling", "minidist/tree"])
+    times = {1: (100.0, 130.0), 1024: (100.0, 110.0), 1 << 20: (300.0, 200.0)}
+    for count, (rd, tree) in times.items():
+        r.data.setdefault("minidist/recursive_doubling", {})[count] = report.Measurement(rd)
+        r.data.setdefault("minidist/tree", {})[count] = report.Measurement(tree)
+        r.chosen[count] = "tree"
+    r.predicted = {"tree": {c: 1.0 for c in times}}
+    r.fast = [1, 1024]  # small enough for the shared slots
+    assert report.choice_ratios(r) == pytest.approx({1: 1.3, 1024: 1.1, 1 << 20: 1.0})
+    text = report.format_table(r)
+    assert "within 1.2x of the fastest at 2 of 3 sizes" in text
+    rows = [ln.split() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    assert [row[-3] for row in rows] == ["tree*", "tree*", "tree"]
+    assert "shared slots (the fast path)" in text
+    assert report.from_json(json.loads(report.dumps(r))).fast == [1, 1024]
 
 
 def test_every_algorithm_with_predictions_and_one_of_your_own(tmp_path):
@@ -70,6 +92,20 @@ def test_module_function_and_a_printed_table(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "minidist chooses" in p.stdout and "fastest measured" in p.stdout
     assert "halving" in p.stdout and "# Out of bounds values: 0 OK" in p.stdout
+
+
+def test_all_to_all_checked_with_its_choice():
+    p = bench("all_to_all", "-n", "4", "-b", "64", "-e", "4M", "-f", "65536", "--iters",
+              "2", "--warmup", "1", "--algorithm", "all", "--predict", "--check", "--json",
+              "-")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert {s for row in doc["rows"] for s in row["results"]} == {"minidist/pairwise",
+                                                                   "minidist/bruck"}
+    assert all(m["wrong"] == 0 for row in doc["rows"] for m in row["results"].values())
+    # a few bytes per block: Bruck's few messages; a MiB per block: pairwise
+    assert [doc["chosen"][str(row["count"])] for row in doc["rows"]] == ["bruck", "pairwise"]
+    assert doc["fast_path"] == []
 
 
 def test_an_unknown_algorithm_is_refused_before_anything_runs():

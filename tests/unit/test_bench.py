@@ -63,7 +63,7 @@ def test_element_counts():
 @pytest.mark.parametrize("collective, n, factor", [
     ("all_reduce", 2, 1.0), ("all_reduce", 4, 1.5), ("all_reduce", 8, 1.75),
     ("all_reduce", 1, 0.0), ("all_gather", 4, 0.75), ("reduce_scatter", 8, 0.875),
-    ("broadcast", 8, 1.0), ("barrier", 64, None),
+    ("broadcast", 8, 1.0), ("all_to_all", 4, 0.75), ("barrier", 64, None),
 ])
 def test_bus_factor(collective, n, factor):
     assert report.bus_factor(collective, n) == factor
@@ -71,7 +71,7 @@ def test_bus_factor(collective, n, factor):
 
 def test_bus_factor_rejects():
     with pytest.raises(ValueError):
-        report.bus_factor("all_to_all", 4)
+        report.bus_factor("gather", 4)
     with pytest.raises(ValueError):
         report.bus_factor("all_reduce", 0)
 
