@@ -330,7 +330,7 @@ def algorithm_lines(r: Results) -> list[str]:
         h2 += f"  {'minidist chooses':20s}"
         h3 += f"  {'':20s}"
     h2 += f"  {'fastest measured':20s}"
-    if r.chosen:
+    if choice_ratios(r):
         h2 += f"{'chosen/fastest':>15s}"
     lines = ["#" + h1.rstrip()[1:], "#" + h2[1:].rstrip(), "#" + h3.rstrip()[1:]]
     for count in r.counts:
