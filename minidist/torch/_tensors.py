@@ -31,7 +31,7 @@ def check_tensor(t: object, what: str) -> torch.Tensor:
     """``t`` if minidist can move it; a clear TypeError / ValueError otherwise."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what} needs a torch.Tensor, not {type(t).__name__}")
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise ValueError(
             f"{what}: tensor is on {t.device}; this call of minidist.torch moves CPU "
             "tensors only (CUDA tensors go to all_reduce, broadcast, reduce, all_gather, "
@@ -105,7 +105,7 @@ def as_output(t: torch.Tensor, what: str, reduce: bool = False) -> tuple[np.ndar
     check_tensor(t, what)
     if reduce:
         reducible(t, what)
-    d = t.detach()
+    d = t.detach() if t.requires_grad else t
     if _plain(d) and (d.dtype in _NUMPY or not reduce):
         return _numpy(d, reduce)[0], None
     if not _plain(d) and overlaps(d):
