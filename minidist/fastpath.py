@@ -34,7 +34,8 @@ only after it finished call ``f + 1``, which needed every rank's slot for ``f + 
 which each rank writes only after it finished reading call ``f``. So a slot is never
 overwritten while someone still reads it.
 
-Groups of more than :data:`CENTRAL_ABOVE` ranks gather, then release: each other rank,
+Groups of more than :data:`CENTRAL_ABOVE` ranks gather, then release (and group rank 0
+reduces an all_reduce once, into its own payload, which the others copy): each other rank,
 once its slot is written, adds one to group rank 0's *arrived* count with the kernel's
 atomic ``FUTEX_WAKE_OP``, which also wakes rank 0 when the count becomes complete;
 rank 0 sleeps on that count, then sets it back to 0, stores the call's number into its
@@ -217,7 +218,10 @@ class Slots:
                 differs = self._differing(mine, parity)
                 if differs is not None:
                     self.words[head + DIFFERS // 4] = number
-                self.words[head + RELEASE // 4] = number  # after the DIFFERS store
+                elif call.kind == _ALL_REDUCE:  # once, for all: they copy the result
+                    self._reduce_all(out, op, parity)
+                    self._payload(0, parity, out.nbytes)[:] = out.view(np.uint8).reshape(-1)
+                self.words[head + RELEASE // 4] = number  # after those stores
                 self._wake(head + RELEASE // 4, SLEEPING_RELEASE - RELEASE)
             else:
                 futex_add(self.base + (head + ARRIVED // 4) * 4, self.size - 2)
@@ -242,11 +246,18 @@ class Slots:
             if root != me:
                 out.view(np.uint8).reshape(-1)[:] = self._payload(root, parity, out.nbytes)
         elif call.kind == _ALL_REDUCE:
-            n = out.nbytes
-            first = self._payload(0, parity, n).view(out.dtype)
-            np.copyto(out, first)
-            for r in range(1, self.size):
-                ops.reduce_into(op, out, out, self._payload(r, parity, n).view(out.dtype))
+            if not self.central:
+                self._reduce_all(out, op, parity)
+            elif me != 0:  # group rank 0 left the result in its payload
+                out.view(np.uint8).reshape(-1)[:] = self._payload(0, parity, out.nbytes)
+
+    def _reduce_all(self, out: np.ndarray, op: ReduceOp, parity: int) -> None:
+        """``out`` = every rank's payload reduced, in rank order (the same bits on every
+        rank that computes it)."""
+        n = out.nbytes
+        np.copyto(out, self._payload(0, parity, n).view(out.dtype))
+        for r in range(1, self.size):
+            ops.reduce_into(op, out, out, self._payload(r, parity, n).view(out.dtype))
 
     def _differing(self, mine: tuple, parity: int, only: int | None = None) -> int | None:
         """The first group rank (or ``only``) whose signature differs from ``mine``."""
