@@ -1,5 +1,6 @@
 """The ``minidist`` command line: ``minidist run -n N script.py [args...]``,
-``minidist bench COLLECTIVE -n N [--vs gloo|mpi]``."""
+``minidist bench COLLECTIVE -n N [--vs gloo|mpi]``, ``minidist algo ...``,
+``minidist trace merge DIR``."""
 
 from __future__ import annotations
 
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="minidist", description="minidist run -n N script.py [args...] starts a job; "
         "minidist bench COLLECTIVE -n N [--vs gloo|mpi] measures a collective; minidist "
-        "calibrate measures this machine for the cost model.")
+        "calibrate measures this machine for the cost model; minidist trace merge DIR merges "
+        "the traces MINIDIST_TRACE=DIR records.")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
@@ -102,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from .algo_cli import add_parser as _algo_parser
 
     _algo_parser(sub)
+    _trace_parser(sub)
     a = parser.parse_args(argv)
     if a.command == "run":
         from .launcher import RunOptions, run
@@ -128,8 +131,39 @@ def main(argv: list[str] | None = None) -> int:
         from .algo_cli import run as run_algo
 
         return run_algo(a)
+    if a.command == "trace":
+        return _trace(a)
     parser.error(f"unknown command {a.command}")
     return 2
+
+
+def _trace_parser(sub) -> None:
+    t = sub.add_parser("trace", help="traces of real runs (MINIDIST_TRACE)",
+                       description="Work with the traces ranks write under MINIDIST_TRACE=DIR "
+                       "(DIR/<job>-rank<R>.json).")
+    tsub = t.add_subparsers(dest="trace_command", required=True)
+    m = tsub.add_parser("merge", help="merge a job's rank files into one Chrome trace",
+                        description="Merge the per-rank trace files in DIR into one Chrome / "
+                        "Perfetto trace per job (DIR/<job>.json, or --out), timestamps "
+                        "aligned on the job's first event. minidist run does this itself "
+                        "when a job ends.")
+    m.add_argument("dir", metavar="DIR", help="the MINIDIST_TRACE directory")
+    m.add_argument("--out", default=None, metavar="FILE",
+                   help="the merged file (one job only; default DIR/<job>.json)")
+    m.add_argument("--job", default=None,
+                   help="merge only this job's files (the <job> of <job>-rank<R>.json)")
+
+
+def _trace(a: argparse.Namespace) -> int:
+    from . import tracing
+
+    try:
+        for path in tracing.merge(a.dir, job=a.job, out=a.out):
+            print(path)
+    except (OSError, ValueError) as e:
+        print(f"minidist trace merge: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _calibrate(a: argparse.Namespace) -> int:

@@ -19,11 +19,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from . import ops, wire
-from .algorithms.schedule import Recv, Schedule, Send, apply_compute
+from .algorithms.schedule import Recv, Reduce, Schedule, Send, apply_compute
 from .errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError
 from .group import Group
 from .ops import ReduceOp
 from .plan import Call
+from .tracing import Tracer, flow_id
 from .transport.endpoint import Connection, Endpoint
 from .transport.mailbox import Key, Mailbox
 
@@ -97,6 +98,8 @@ class Engine:
         self._finished: OrderedDict[tuple[int, int], Call | None] = OrderedDict()
         self._news: dict[int, asyncio.Future] = {}
         self._p2p_seq: dict[tuple[int, int, int, bool], int] = {}
+        # MINIDIST_TRACE: records every collective's steps (minidist.tracing); None: off
+        self.tracer: Tracer | None = None
         mailbox.on_mismatch = self._frame_mismatch
         mailbox.on_unexpected = self._unexpected
 
@@ -545,8 +548,8 @@ class Engine:
         frames to peers already connected over Unix sockets, so that they need not wait
         for the loop to wake up. Returns the indexes (in the first step's comms) of the
         sends done; :meth:`run` skips them."""
-        if not schedule.steps or call.group.id in self.broken:
-            return frozenset()
+        if not schedule.steps or call.group.id in self.broken or self.tracer is not None:
+            return frozenset()  # (traced: every send on the loop, where it is timed)
         ranks = call.group.ranks
         itemsize = next(iter(bufs.values())).itemsize
         done = []
@@ -585,9 +588,13 @@ class Engine:
                 if early is not None:
                     raise early
                 async with asyncio.timeout(timeout):
-                    if prologue is not None:
-                        await prologue()
-                    await self._execute(active, schedule, bufs, op, waiting, sent)
+                    if self.tracer is None:
+                        if prologue is not None:
+                            await prologue()
+                        await self._execute(active, schedule, bufs, op, waiting, sent)
+                    else:
+                        await self._execute_traced(self.tracer, active, schedule, bufs, op,
+                                                   waiting, prologue)
                 ok = True
             except asyncio.CancelledError as e:
                 err = self._leave(active, e)
@@ -656,6 +663,102 @@ class Engine:
             active.keys.clear()
             if step.compute:
                 apply_compute(step.compute, bufs, combine)
+
+    async def _execute_traced(self, tr: Tracer, active: _Active, schedule: Schedule,
+                              bufs: dict[str, np.ndarray], op: ReduceOp, waiting: set[int],
+                              prologue: Callable[[], Awaitable[None]] | None) -> None:
+        """:meth:`_execute` with every step, send, arrival, reduction and copy recorded
+        (MINIDIST_TRACE). Kept apart so that untraced calls pay nothing per step."""
+        call = active.call
+        group = call.group
+        ranks = group.ranks
+        me = self.rank
+        now = tr.now
+        itemsize = next(iter(bufs.values())).itemsize
+        calls, sends = tr.tid(group), tr.tid(group, "sends")
+        start = now()
+        args: dict = {"collective": call.name, "algorithm": call.algorithm_name,
+                      "group": f"{group.id:#x}", "ranks": len(ranks), "call": call.seq,
+                      "bytes": call.count * itemsize, "count": call.count,
+                      "dtype": str(next(iter(bufs.values())).dtype),
+                      "path": "shm segment" if schedule.shared_tmp else "sockets",
+                      "steps": len(schedule.steps)}
+        if call.root >= 0:
+            args["root"] = call.root
+
+        def combine(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+            ops.reduce_into(op, out, a, b)
+
+        try:
+            if prologue is not None:
+                await prologue()
+                tr.span("shm set-up", "setup", calls, start, now(), {"call": call.seq})
+            for si, step in enumerate(schedule.steps):
+                if active.error is not None:
+                    raise active.error
+                t_step = now()
+                recvs = []
+                arrived: dict[int, int] = {}
+                out_sends = []
+                for c in step.comms:
+                    peer = ranks[c.peer]
+                    if isinstance(c, Recv):
+                        key = (peer, group.id, call.seq, c.tag, False)
+                        view = _bytes(bufs[c.buf][c.lo:c.hi])
+                        active.keys.append(key)
+                        fut = self.mailbox.post(key, view,
+                                                self._checker(call, (c.hi - c.lo) * itemsize))
+                        j = len(recvs)
+                        if fut.done():
+                            arrived[j] = t_step
+                        else:
+                            fut.add_done_callback(
+                                lambda _f, j=j, got=arrived: got.setdefault(j, now()))
+                        recvs.append((peer, c, fut))
+                    else:
+                        out_sends.append(c)
+                for s in out_sends:
+                    dst = ranks[s.peer]
+                    t0 = now()
+                    tr.flow(True, flow_id(group.id, call.seq, me, dst, s.tag), sends, t0)
+                    await self._send(call, dst, s, bufs, itemsize)
+                    tr.span(f"send to {dst}", "send", sends, t0, now(),
+                            {"step": si, "peer": dst, "tag": s.tag, "buf": s.buf,
+                             "elements": [s.lo, s.hi], "bytes": (s.hi - s.lo) * itemsize,
+                             "call": call.seq})
+                for j, (src, c, fut) in enumerate(recvs):
+                    waiting.add(src)
+                    await fut
+                    waiting.discard(src)
+                    t = arrived.get(j) or now()
+                    tr.instant(f"recv from {src}", "recv", calls, t,
+                               {"step": si, "peer": src, "tag": c.tag, "buf": c.buf,
+                                "elements": [c.lo, c.hi], "bytes": (c.hi - c.lo) * itemsize,
+                                "waited_us": (t - t_step) / 1e3, "call": call.seq})
+                    tr.flow(False, flow_id(group.id, call.seq, src, me, c.tag), calls, t)
+                active.keys.clear()
+                for c in step.compute:
+                    t0 = now()
+                    apply_compute((c,), bufs, combine)
+                    if isinstance(c, Reduce):
+                        tr.span("reduce", "reduce", calls, t0, now(),
+                                {"step": si, "dst": [c.dst, c.dst_lo], "a": [c.a, c.a_lo],
+                                 "b": [c.b, c.b_lo], "elements": c.n,
+                                 "bytes": c.n * itemsize})
+                    else:
+                        tr.span("copy", "copy", calls, t0, now(),
+                                {"step": si, "dst": [c.dst, c.dst_lo],
+                                 "src": [c.src, c.src_lo], "elements": c.n,
+                                 "bytes": c.n * itemsize})
+                tr.span(f"step {si}", "step", calls, t_step, now(),
+                        {"step": si, "sends": len(out_sends), "recvs": len(recvs),
+                         "computes": len(step.compute)})
+        except BaseException as e:
+            args["error"] = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            tr.span(f"{call.name} ({call.algorithm_name})", "collective", calls, start,
+                    now(), args)
 
     async def _send(self, call: Call, dst: int, s: Send, bufs: dict[str, np.ndarray],
                     itemsize: int) -> None:

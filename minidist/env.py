@@ -50,6 +50,12 @@ def uvloop_allowed(env: Mapping[str, str]) -> bool:
     return env.get("MINIDIST_UVLOOP", "1") != "0"
 
 
+def trace_dir(env: Mapping[str, str]) -> str | None:
+    """``MINIDIST_TRACE``: the directory where every rank writes a trace of its
+    collectives (``<job>-rank<R>.json``); unset or empty: no tracing."""
+    return env.get("MINIDIST_TRACE") or None
+
+
 def advertise_addr(env: Mapping[str, str]) -> str | None:
     """``MINIDIST_ADVERTISE_ADDR``: where other nodes reach this node's agent."""
     return env.get("MINIDIST_ADVERTISE_ADDR") or None

@@ -30,8 +30,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from . import segments
-from .env import default_timeout, given_secret
+from . import segments, tracing
+from .env import default_timeout, given_secret, trace_dir
 from .rendezvous.agent import NodeAgent
 from .rendezvous.server import RendezvousServer, bind_listeners
 from .runtime import new_event_loop
@@ -229,9 +229,23 @@ class Launcher:
             swept = segments.sweep(addresses.job_key(self.secret.encode()))
             if swept:
                 self._note(f"removed shared memory left by killed ranks: {swept}")
+            self._merge_trace()
             for line in self.summary():
                 self._note(line)
         return self.first_failure or 0
+
+    def _merge_trace(self) -> None:
+        """With MINIDIST_TRACE: merge the ranks' trace files into DIR/<job>.json (every
+        rank of this node has exited, so each has written its own)."""
+        directory = trace_dir({**os.environ, **self.opts.env})
+        if directory is None:
+            return
+        job = addresses.job_key(self.secret.encode())
+        try:
+            for path in tracing.merge(directory, job=job):
+                self._note(f"trace of the job: {path}")
+        except (OSError, ValueError) as e:
+            self._note(f"could not merge the trace in {directory}: {e}")
 
     async def _wait_child(self, c: _Child) -> int:
         loop = asyncio.get_running_loop()

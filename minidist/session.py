@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from . import algorithms, calibrate, env, fastpath, ops, segments, wire
+from . import algorithms, calibrate, env, fastpath, ops, segments, tracing, wire
 from .algorithms import shm as shm_algorithm
 from .engine import Engine
 from .env import LaunchConfig
@@ -49,6 +49,7 @@ class Session:
         self.agent: NodeAgent | None = None
         self.local_store: KeyValueStore | None = None
         self.job = addresses.job_key(cfg.secret)
+        self.engine.tracer = tracing.from_env(os.environ, self.job, cfg.rank)
         # the job's own algorithms (MINIDIST_ALGO_MODULE), then per-job overrides, read once
         algorithms.plugins.load_modules(env.algorithm_modules(os.environ))
         forced = env.algorithm_overrides(os.environ, list(algorithms.ALGORITHMS))
@@ -127,6 +128,8 @@ class Session:
     async def close(self, graceful: bool = True) -> None:
         """Leave the job and close every socket. A hosted rendezvous first waits (up to
         the timeout) for the other ranks to leave."""
+        if self.engine.tracer is not None:
+            self.engine.tracer.flush()
         self._fast.clear()
         for seg in [*self._segments.values(), *self._fast_maps]:
             with contextlib.suppress(BufferError):
@@ -349,6 +352,26 @@ class Session:
                 self._fast_turn[g.id] = p.fast + 1
                 self._fast_cond.notify_all()
 
+    def _run_fast_traced(self, p: Prepared, loop: asyncio.AbstractEventLoop) -> None:
+        """:meth:`run_fast`, recorded as one slice (MINIDIST_TRACE)."""
+        tr = self.engine.tracer
+        call = p.call
+        start = tr.now()
+        args = {"collective": call.name, "algorithm": "shared_slots",
+                "group": f"{call.group.id:#x}", "ranks": call.group.size, "call": call.seq,
+                "bytes": call.count * p.bufs["out"].itemsize, "count": call.count,
+                "dtype": str(p.bufs["out"].dtype), "path": "fast path"}
+        if call.root >= 0:
+            args["root"] = call.root
+        try:
+            self.run_fast(p, loop)
+        except BaseException as e:
+            args["error"] = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            tr.span(f"{call.name} (shared_slots)", "collective", tr.tid(call.group), start,
+                    tr.now(), args)
+
     def _fast_timeout(self, call, waiting: list[int],
                       loop: asyncio.AbstractEventLoop) -> DistError:
         """The error of a fast call past its deadline, as the loop's calls make it (the
@@ -383,7 +406,10 @@ class Session:
             except DistError as e:
                 runtime.loop.call_soon_threadsafe(self.engine.fast_failed, p.call, e)
                 raise
-        self.run_fast(p, runtime.loop)
+        if self.engine.tracer is None:
+            self.run_fast(p, runtime.loop)
+        else:
+            self._run_fast_traced(p, runtime.loop)
 
     async def execute(self, p: Prepared) -> None:
         """Run a prepared call to the end (DistError subclasses on failure)."""
@@ -399,7 +425,8 @@ class Session:
                 self._fast_pool = concurrent.futures.ThreadPoolExecutor(
                     32, thread_name_prefix="minidist-fast")
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._fast_pool, self.run_fast, p, loop)
+            await loop.run_in_executor(self._fast_pool, self.run_fast if self.engine.tracer
+                                       is None else self._run_fast_traced, p, loop)
             return
         if p.call is not None and p.schedule.shared_tmp:
             g = p.call.group
