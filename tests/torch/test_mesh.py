@@ -20,7 +20,13 @@ def test_device_mesh_dtensor_fsdp2_checkpoint_as_on_gloo(tmp_path):
     for mode in ("gloo", "minidist"):
         for r, p in enumerate(run_spawned(N, SCRIPTS / "mesh.py", mode, str(tmp_path),
                                           timeout=100)):
-            assert p.returncode == 0, (mode, r, p.stdout[-2000:], p.stderr[-4000:])
+            # gloo's own teardown sometimes aborts the interpreter at exit ("terminate
+            # called without an active exception", SIGABRT) after every step passed: the
+            # reference still counts then; minidist's ranks must exit cleanly
+            gloo_teardown = (mode == "gloo" and p.returncode == -6
+                             and f"rank {r}: OK destroyed" in p.stdout)
+            assert p.returncode == 0 or gloo_teardown, (mode, r, p.stdout[-2000:],
+                                                        p.stderr[-4000:])
             for step in STEPS:
                 assert f"rank {r}: OK {step}" in p.stdout, (mode, r, step, p.stdout)
     ref = np.load(tmp_path / "gloo_rank0.npy")

@@ -49,6 +49,7 @@ mine = DeviceRecord(rank=rank, node=door.node_rank, machine=machine_id(), uuid=u
 if scenario == "mixed":
     minidist.barrier()  # the CPU rank's declaration is made before this
 t0 = time.monotonic()
+failed_early = None
 try:
     ex.publish(mine)
     records = ex.gather(mine)
@@ -58,8 +59,11 @@ except minidist.DistTimeoutError as e:
     minidist.barrier()
     minidist.destroy()
     sys.exit(0)
-choice = choose(records)
-print(f"CHOICE {choice.path} | {choice.reason}", flush=True)
+except SetupFailed as e:  # another rank failed while this one still gathered records
+    failed_early = e
+if failed_early is None:
+    choice = choose(records)
+    print(f"CHOICE {choice.path} | {choice.reason}", flush=True)
 
 
 def make():
@@ -73,6 +77,8 @@ def make():
 
 t0 = time.monotonic()
 try:
+    if failed_early is not None:
+        raise failed_early
     uid = ex.share_uid(make)
 except (SetupFailed, RuntimeError) as e:
     print(f"FAILED {type(e).__name__} after={time.monotonic() - t0:.1f} {e}", flush=True)
