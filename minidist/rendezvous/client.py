@@ -147,6 +147,12 @@ class RendezvousClient:
                 with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):
                     self._send({"t": "bye"})
                     await asyncio.wait_for(self._writer.drain(), 10.0)
+                    # then close only our sending half and read on until the rendezvous
+                    # closes: were we to close while its news to us is in flight, its
+                    # write would fail, and it could drop our goodbye with the connection
+                    if self._writer.can_write_eof() and self._task is not None:
+                        self._writer.write_eof()
+                        await asyncio.wait_for(asyncio.shield(self._task), 10.0)
             self._writer.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._writer.wait_closed(), 10.0 if graceful else 2.0)
@@ -165,7 +171,8 @@ class RendezvousClient:
         try:
             while True:
                 msg = await read_control(self._reader)
-                self._dispatch(msg)
+                if not self._closing:  # after our goodbye, news is no longer ours
+                    self._dispatch(msg)
         except asyncio.CancelledError:
             raise
         except (asyncio.IncompleteReadError, ConnectionError, OSError):

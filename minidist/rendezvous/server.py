@@ -260,7 +260,11 @@ class RendezvousServer(Acceptor):
             while True:
                 msg = await read_control(reader)
                 await self._handle(client, msg)
-                await writer.drain()
+                if not writer.is_closing():
+                    try:
+                        await writer.drain()
+                    except (ConnectionError, OSError):
+                        pass  # the rank's end is closed: read on to what it sent before
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         except ProtocolError as e:
