@@ -95,7 +95,7 @@ def _issue(item: Any, post: Callable[[], None] | None, result: Any, what: str,
     waited for, on the caller's thread (no hop to minidist's event loop)."""
     d = md.door()
     if blocking and isinstance(item, Prepared) and item.fast >= 0:
-        return Blocking(lambda: d.wait(item), post)
+        return Blocking(d, item, post)
     return Work([d.submit(item)], post, result, what)
 
 

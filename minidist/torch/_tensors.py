@@ -102,6 +102,9 @@ def as_output(t: torch.Tensor, what: str, reduce: bool = False) -> tuple[np.ndar
 
     The array starts with ``t``'s values (in-place collectives read them).
     """
+    if (type(t) is torch.Tensor and t.is_cpu and t.layout == torch.strided
+            and not t.requires_grad and t.dtype in _NUMPY and _plain(t)):
+        return t.numpy(), None  # the common case, checked in one go
     check_tensor(t, what)
     if reduce:
         reducible(t, what)

@@ -303,16 +303,17 @@ class Blocking:
     the group's calls is kept by its number). Only the drop-in module's synchronous
     calls make one, and wait for it at once: it is never handed to torch."""
 
-    __slots__ = ("_run", "_post")
+    __slots__ = ("_door", "_item", "_post")
 
-    def __init__(self, run: Callable[[], None], post: Callable[[], None] | None) -> None:
-        self._run = run
+    def __init__(self, door: Any, item: Any, post: Callable[[], None] | None) -> None:
+        self._door = door
+        self._item = item
         self._post = post
 
     def wait(self, timeout: Any = None) -> bool:
         """Run the call; raise its error as :meth:`Work.wait` would."""
         try:
-            self._run()
+            self._door.wait(self._item)
         except DistTimeoutError as e:
             raise torch_worded(e) from e.__cause__
         if self._post is not None:
