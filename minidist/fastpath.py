@@ -174,7 +174,6 @@ class Slots:
         self.spin = SPIN_SECONDS if self.size <= self.cores else 0.0
         self.waits = 0
         self.central = self.size > CENTRAL_ABOVE
-        self._anyone_gone: Callable[[], bool] | None = None
 
     def _word(self, rank: int, parity: int) -> int:
         return ((rank * 2 + parity) * SLOT) // 4
@@ -199,7 +198,6 @@ class Slots:
         ``anyone_gone()``, where given, says cheaply whether ``gone`` could answer for
         any rank at all (else every waiter that goes to sleep asks it about each rank
         that has not arrived)."""
-        self._anyone_gone = anyone_gone
         parity, number = f % 2, (f + 1) & 0x7FFFFFFF
         me = self.me
         data = src.view(np.uint8).reshape(-1)
@@ -209,7 +207,7 @@ class Slots:
         word = self._word(me, parity)
         self.words[word] = number  # after the payload: readers see both
         mine = self._sig(me, parity)
-        waiting = (parity, number, deadline, gone, broken, stalled, timed_out)
+        waiting = (parity, number, deadline, gone, broken, stalled, timed_out, anyone_gone)
         if self.central:
             head = self._word(0, parity)
             if me == 0:
@@ -279,7 +277,7 @@ class Slots:
 
     def _wait(self, word: int, want: int, flag: int | None, releaser: int | None,
               parity: int, number: int, deadline: float, gone, broken, stalled,
-              timed_out) -> None:
+              timed_out, anyone_gone) -> None:
         """Until the int32 ``word`` holds ``want``, for fast call ``number`` (on
         ``parity``). ``flag``: the word where a sleeper says so (None: the writer wakes
         without being told); ``releaser``: the group rank that must store the word (also
@@ -307,7 +305,7 @@ class Slots:
             if seen == want:
                 return
             err = broken()
-            if err is None and (self._anyone_gone is None or self._anyone_gone()):
+            if err is None and (anyone_gone is None or anyone_gone()):
                 # any member that has not written and never will
                 for other in range(self.size):
                     if other != self.me and words[self._word(other, parity)] != number:

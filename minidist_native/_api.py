@@ -106,10 +106,11 @@ def _where(group: Any, t: Any, what: str) -> tuple[Any, Any, Any, int]:
 
     ctx = context()
     g = ctx.door.plan.group(group, what)
-    where = ctx.keys.get((g.id, g.ranks, _index(t)))
+    device = _index(t)
+    where = ctx.keys.get((g.id, g.ranks, device))
     if where is None:
-        where = (group_key(g.id, g.ranks, _index(t)), g.rank_of(ctx.door.rank))
-        ctx.keys[(g.id, g.ranks, _index(t))] = where
+        where = ctx.keys[(g.id, g.ranks, device)] = (group_key(g.id, g.ranks, device),
+                                                     g.rank_of(ctx.door.rank))
     return ctx, g, where[0], where[1]
 
 

@@ -83,9 +83,10 @@ class Watchdog:
 
     def settle(self, future: concurrent.futures.Future, timeout: float | None = None
                ) -> bool:
-        """Wait for ``future`` (one that :meth:`add` returned) by polling its item on the
-        caller's thread; True when it is done (its outcome set), False when ``timeout``
-        seconds passed first (the item is handed back to the thread)."""
+        """Wait for ``future`` (one that :meth:`add` or :meth:`defer` returned) by
+        polling its item on the caller's thread; True when it is done (its outcome
+        set), False when ``timeout`` seconds passed first (the item is handed back to
+        the thread)."""
         item = getattr(future, "watched", None)
         if item is None or (getattr(future, "registered", False) and not self.claim(item)):
             try:
@@ -102,11 +103,7 @@ class Watchdog:
             except BaseException as e:  # noqa: BLE001 - the poll itself failed
                 done, error = True, e
             if done:
-                if not future.done():
-                    if error is None:
-                        future.set_result(None)
-                    else:
-                        future.set_exception(error)
+                _complete(future, error)
                 return True
             if end is not None and now >= end:
                 self.add(item)
@@ -150,13 +147,7 @@ class Watchdog:
                     for item, _ in finished:
                         self._items.remove(item)
                 for item, error in finished:
-                    f = item.future
-                    if f.done():
-                        continue
-                    if error is None:
-                        f.set_result(None)
-                    else:
-                        f.set_exception(error)
+                    _complete(item.future, error)
                 idle = 0
                 continue
             idle += 1
@@ -167,6 +158,16 @@ class Watchdog:
         self._cond = threading.Condition()
         self._thread = None
         self._stopping = False
+
+
+def _complete(future: concurrent.futures.Future, error: BaseException | None) -> None:
+    """Set a finished item's outcome (once: the thread and a waiting caller may both
+    have seen it finish)."""
+    if not future.done():
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
 
 
 def _pause(idle: int, max_sleep: float) -> None:
