@@ -630,135 +630,111 @@ class Engine:
             self._finished.popitem(last=False)
 
     async def _execute(self, active: _Active, schedule: Schedule, bufs: dict[str, np.ndarray],
-                       op: ReduceOp, waiting: set[int], sent: frozenset[int]) -> None:
+                       op: ReduceOp, waiting: set[int], sent: frozenset[int],
+                       tr: Tracer | None = None) -> None:
+        """Run the schedule's steps. ``tr`` (MINIDIST_TRACE): record every step, send,
+        arrival, reduction and copy; None costs one check per step and per message."""
         call = active.call
-        ranks = call.group.ranks
+        group = call.group
+        ranks = group.ranks
         itemsize = next(iter(bufs.values())).itemsize
 
         def combine(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
             ops.reduce_into(op, out, a, b)
 
-        for step in schedule.steps:
+        for si, step in enumerate(schedule.steps):
             if active.error is not None:
                 raise active.error
+            t_step = 0 if tr is None else tr.now()
+            arrived: dict[int, int] = {}
             recvs = []
             sends = []
             for i, c in enumerate(step.comms):
                 src = ranks[c.peer]
                 if isinstance(c, Recv):
-                    key = (src, call.group.id, call.seq, c.tag, False)
+                    key = (src, group.id, call.seq, c.tag, False)
                     view = _bytes(bufs[c.buf][c.lo:c.hi])
                     active.keys.append(key)
-                    recvs.append((src, self.mailbox.post(
-                        key, view, self._checker(call, (c.hi - c.lo) * itemsize))))
-                elif i not in sent:
-                    sends.append(c)
-            sent = frozenset()  # only the first step's
-            for s in sends:
-                await self._send(call, ranks[s.peer], s, bufs, itemsize)
-            for src, fut in recvs:
-                waiting.add(src)
-                await fut
-                waiting.discard(src)
-            active.keys.clear()
-            if step.compute:
-                apply_compute(step.compute, bufs, combine)
-
-    async def _execute_traced(self, tr: Tracer, active: _Active, schedule: Schedule,
-                              bufs: dict[str, np.ndarray], op: ReduceOp, waiting: set[int],
-                              prologue: Callable[[], Awaitable[None]] | None) -> None:
-        """:meth:`_execute` with every step, send, arrival, reduction and copy recorded
-        (MINIDIST_TRACE). Kept apart so that untraced calls pay nothing per step."""
-        call = active.call
-        group = call.group
-        ranks = group.ranks
-        me = self.rank
-        now = tr.now
-        itemsize = next(iter(bufs.values())).itemsize
-        calls, sends = tr.tid(group), tr.tid(group, "sends")
-        start = now()
-        args: dict = {"collective": call.name, "algorithm": call.algorithm_name,
-                      "group": f"{group.id:#x}", "ranks": len(ranks), "call": call.seq,
-                      "bytes": call.count * itemsize, "count": call.count,
-                      "dtype": str(next(iter(bufs.values())).dtype),
-                      "path": "shm segment" if schedule.shared_tmp else "sockets",
-                      "steps": len(schedule.steps)}
-        if call.root >= 0:
-            args["root"] = call.root
-
-        def combine(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-            ops.reduce_into(op, out, a, b)
-
-        try:
-            if prologue is not None:
-                await prologue()
-                tr.span("shm set-up", "setup", calls, start, now(), {"call": call.seq})
-            for si, step in enumerate(schedule.steps):
-                if active.error is not None:
-                    raise active.error
-                t_step = now()
-                recvs = []
-                arrived: dict[int, int] = {}
-                out_sends = []
-                for c in step.comms:
-                    peer = ranks[c.peer]
-                    if isinstance(c, Recv):
-                        key = (peer, group.id, call.seq, c.tag, False)
-                        view = _bytes(bufs[c.buf][c.lo:c.hi])
-                        active.keys.append(key)
-                        fut = self.mailbox.post(key, view,
-                                                self._checker(call, (c.hi - c.lo) * itemsize))
+                    fut = self.mailbox.post(key, view,
+                                            self._checker(call, (c.hi - c.lo) * itemsize))
+                    if tr is not None:  # when the data arrived, not when it was awaited
                         j = len(recvs)
                         if fut.done():
                             arrived[j] = t_step
                         else:
                             fut.add_done_callback(
-                                lambda _f, j=j, got=arrived: got.setdefault(j, now()))
-                        recvs.append((peer, c, fut))
-                    else:
-                        out_sends.append(c)
-                for s in out_sends:
-                    dst = ranks[s.peer]
-                    t0 = now()
-                    tr.flow(True, flow_id(group.id, call.seq, me, dst, s.tag), sends, t0)
-                    await self._send(call, dst, s, bufs, itemsize)
-                    tr.span(f"send to {dst}", "send", sends, t0, now(),
-                            {"step": si, "peer": dst, "tag": s.tag, "buf": s.buf,
-                             "elements": [s.lo, s.hi], "bytes": (s.hi - s.lo) * itemsize,
-                             "call": call.seq})
-                for j, (src, c, fut) in enumerate(recvs):
-                    waiting.add(src)
-                    await fut
-                    waiting.discard(src)
-                    t = arrived.get(j) or now()
-                    tr.instant(f"recv from {src}", "recv", calls, t,
-                               {"step": si, "peer": src, "tag": c.tag, "buf": c.buf,
-                                "elements": [c.lo, c.hi], "bytes": (c.hi - c.lo) * itemsize,
-                                "waited_us": (t - t_step) / 1e3, "call": call.seq})
-                    tr.flow(False, flow_id(group.id, call.seq, src, me, c.tag), calls, t)
-                active.keys.clear()
-                for c in step.compute:
-                    t0 = now()
-                    apply_compute((c,), bufs, combine)
-                    if isinstance(c, Reduce):
-                        tr.span("reduce", "reduce", calls, t0, now(),
-                                {"step": si, "dst": [c.dst, c.dst_lo], "a": [c.a, c.a_lo],
-                                 "b": [c.b, c.b_lo], "elements": c.n,
-                                 "bytes": c.n * itemsize})
-                    else:
-                        tr.span("copy", "copy", calls, t0, now(),
-                                {"step": si, "dst": [c.dst, c.dst_lo],
-                                 "src": [c.src, c.src_lo], "elements": c.n,
-                                 "bytes": c.n * itemsize})
-                tr.span(f"step {si}", "step", calls, t_step, now(),
-                        {"step": si, "sends": len(out_sends), "recvs": len(recvs),
+                                lambda _f, j=j, got=arrived, now=tr.now: got.setdefault(j, now()))
+                    recvs.append((src, c, fut))
+                elif i not in sent:
+                    sends.append(c)
+            sent = frozenset()  # only the first step's
+            for c in sends:
+                if tr is None:
+                    await self._send(call, ranks[c.peer], c, bufs, itemsize)
+                else:
+                    await self._send_traced(tr, call, si, c, bufs, itemsize)
+            for j, (src, c, fut) in enumerate(recvs):
+                waiting.add(src)
+                await fut
+                waiting.discard(src)
+                if tr is not None:
+                    _trace_recv(tr, call, si, src, self.rank, c, itemsize,
+                                arrived.get(j) or tr.now(), t_step)
+            active.keys.clear()
+            if step.compute:
+                if tr is None:
+                    apply_compute(step.compute, bufs, combine)
+                else:
+                    _compute_traced(tr, call, si, step.compute, bufs, combine, itemsize)
+            if tr is not None:
+                tr.span(f"step {si}", "step", tr.tid(group), t_step, tr.now(),
+                        {"step": si, "sends": len(sends), "recvs": len(recvs),
                          "computes": len(step.compute)})
+
+    async def _execute_traced(self, tr: Tracer, active: _Active, schedule: Schedule,
+                              bufs: dict[str, np.ndarray], op: ReduceOp, waiting: set[int],
+                              prologue: Callable[[], Awaitable[None]] | None) -> None:
+        """:meth:`_execute`, recorded (MINIDIST_TRACE), within one slice for the whole
+        call and one for a shared-memory set-up."""
+        call = active.call
+        group = call.group
+        calls = tr.tid(group)
+        values = next(iter(bufs.values()))
+        start = tr.now()
+        args: dict = {"collective": call.name, "algorithm": call.algorithm_name,
+                      "group": f"{group.id:#x}", "ranks": len(group.ranks), "call": call.seq,
+                      "bytes": call.count * values.itemsize, "count": call.count,
+                      "dtype": str(values.dtype),
+                      "path": "shm segment" if schedule.shared_tmp else "sockets",
+                      "steps": len(schedule.steps)}
+        if call.root >= 0:
+            args["root"] = call.root
+        try:
+            if prologue is not None:
+                await prologue()
+                tr.span("shm set-up", "setup", calls, start, tr.now(), {"call": call.seq})
+            await self._execute(active, schedule, bufs, op, waiting, frozenset(), tr)
         except BaseException as e:
             args["error"] = f"{type(e).__name__}: {e}"
             raise
         finally:
             tr.span(f"{call.name} ({call.algorithm_name})", "collective", calls, start,
-                    now(), args)
+                    tr.now(), args)
+
+    async def _send_traced(self, tr: Tracer, call: Call, si: int, s: Send,
+                           bufs: dict[str, np.ndarray], itemsize: int) -> None:
+        """:meth:`_send`, recorded: a slice from posting until the transport took it,
+        and the start of the arrow to the receive."""
+        group = call.group
+        dst = group.ranks[s.peer]
+        sends = tr.tid(group, "sends")
+        t0 = tr.now()
+        tr.flow(True, flow_id(group.id, call.seq, self.rank, dst, s.tag), sends, t0)
+        await self._send(call, dst, s, bufs, itemsize)
+        tr.span(f"send to {dst}", "send", sends, t0, tr.now(),
+                {"step": si, "peer": dst, "tag": s.tag, "buf": s.buf,
+                 "elements": [s.lo, s.hi], "bytes": (s.hi - s.lo) * itemsize,
+                 "call": call.seq})
 
     async def _send(self, call: Call, dst: int, s: Send, bufs: dict[str, np.ndarray],
                     itemsize: int) -> None:
@@ -868,3 +844,31 @@ def _again(exc: DistError, prefix: str) -> DistError:
 
 def _bytes(a: np.ndarray) -> memoryview:
     return memoryview(a).cast("B")
+
+
+def _trace_recv(tr: Tracer, call: Call, si: int, src: int, me: int, c: Recv, itemsize: int,
+                t: int, t_step: int) -> None:
+    """A receive's arrival, and the end of the arrow from its send (MINIDIST_TRACE)."""
+    calls = tr.tid(call.group)
+    tr.instant(f"recv from {src}", "recv", calls, t,
+               {"step": si, "peer": src, "tag": c.tag, "buf": c.buf,
+                "elements": [c.lo, c.hi], "bytes": (c.hi - c.lo) * itemsize,
+                "waited_us": (t - t_step) / 1e3, "call": call.seq})
+    tr.flow(False, flow_id(call.group.id, call.seq, src, me, c.tag), calls, t)
+
+
+def _compute_traced(tr: Tracer, call: Call, si: int, compute: tuple, bufs: dict,
+                    combine: Callable, itemsize: int) -> None:
+    """A step's reductions and copies, each recorded as a slice (MINIDIST_TRACE)."""
+    calls = tr.tid(call.group)
+    for c in compute:
+        t0 = tr.now()
+        apply_compute((c,), bufs, combine)
+        if isinstance(c, Reduce):
+            tr.span("reduce", "reduce", calls, t0, tr.now(),
+                    {"step": si, "dst": [c.dst, c.dst_lo], "a": [c.a, c.a_lo],
+                     "b": [c.b, c.b_lo], "elements": c.n, "bytes": c.n * itemsize})
+        else:
+            tr.span("copy", "copy", calls, t0, tr.now(),
+                    {"step": si, "dst": [c.dst, c.dst_lo], "src": [c.src, c.src_lo],
+                     "elements": c.n, "bytes": c.n * itemsize})
