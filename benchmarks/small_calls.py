@@ -13,7 +13,7 @@ rank, n = minidist.get_rank(), minidist.get_world_size()
 MAX = minidist.ReduceOp.MAX
 x = np.ones(1, np.float32)
 y = np.ones(256, np.float32)
-for _ in range(200):  # warm up (and set up the shared slots)
+for _ in range(2000):  # warm up (set up the shared slots; let the scheduler settle)
     minidist.all_reduce(x, op=MAX)
 minidist.barrier()
 

@@ -4,9 +4,12 @@ For an all_reduce, broadcast or barrier of at most :data:`SLOT_BYTES` on a group
 ranks share a node, no socket and no event loop is involved: every rank writes its
 contribution into its own slot of the group's small segment, publishes the slot's
 number, and reads the others' slots once their numbers show they are complete. A
-waiter spins briefly while the group's ranks fit the cores (and less after each spin
-that did not pay, so a crowded machine's cores go to ranks with work), then sleeps on
-a futex (the slot number itself), which the writer wakes; idle waiters cost nothing.
+waiter spins briefly while the group's ranks fit the cores; while they are a few per
+core it yields the core instead (``sched_yield``: a peer with work on the same core runs
+at once, where a sleep and a wake-up cost a trip through the scheduler on both sides);
+either gets shorter after each try that did not pay, so a crowded machine's cores go to
+ranks with work. Then it sleeps on a futex (the slot number itself), which the writer
+wakes; idle waiters cost nothing.
 
 Layout: per rank, two slots (fast calls alternate between them), each a 64-byte
 header then the payload. The header holds the slot number (int32, the futex word; the
@@ -83,6 +86,8 @@ SLEEPING_RELEASE = 56  # flag: someone sleeps on its release word
 ARRIVED = 60  # group rank 0's count of the others that arrived (central groups)
 DIFFERS = 44  # rank 0 stores the call's number here when the signatures differ
 SPIN_SECONDS = 50e-6  # how long a waiter spins when the group fits the cores
+YIELD_SECONDS = 200e-6  # how long it yields its core when the group does not
+YIELD_RANKS_PER_CORE = 4  # more than this many ranks per core: sleep at once
 SLICE = 0.1  # seconds a waiter sleeps at most between checks
 STALL_REPORT = 1.0
 _SIG = struct.Struct("<iiiiqqI")  # kind, dtype, op, root, count, seq, shape
@@ -171,9 +176,17 @@ class Slots:
         self.base = self.mem.ctypes.data
         self.words = self.mem.view(np.int32)  # the slot numbers, by int32 index
         self.cores = _cores()
-        self.spin = SPIN_SECONDS if self.size <= self.cores else 0.0
+        self.spin = self.yielding = 0.0
+        self._probe(quiet=True)
         self.waits = 0
         self.central = self.size > CENTRAL_ABOVE
+
+    def _probe(self, quiet: bool) -> None:
+        """Set how long a waiter spins and how long it yields before it sleeps."""
+        fits = self.size <= self.cores
+        self.spin = SPIN_SECONDS if fits and quiet else 0.0
+        few = self.size <= YIELD_RANKS_PER_CORE * self.cores
+        self.yielding = YIELD_SECONDS if few and not self.spin else 0.0
 
     def _word(self, rank: int, parity: int) -> int:
         return ((rank * 2 + parity) * SLOT) // 4
@@ -288,8 +301,7 @@ class Slots:
         now = time.monotonic()
         self.waits += 1
         if self.waits % 1024 == 0:  # probe again: the machine may be quiet now
-            self.spin = SPIN_SECONDS if self.size <= self.cores and \
-                os.getloadavg()[0] < self.cores else 0.0
+            self._probe(quiet=os.getloadavg()[0] < self.cores)
         if self.spin:
             end = now + self.spin
             while time.monotonic() < end:
@@ -298,6 +310,16 @@ class Slots:
             # spinning did not pay (the others are not running now): spin less, so a
             # crowded machine's cores go to the ranks that have work
             self.spin = self.spin / 2 if self.spin > 2e-6 else 0.0
+        elif self.yielding:
+            end = now + self.yielding
+            while True:
+                os.sched_yield()
+                if words[word] == want:
+                    self.yielding = YIELD_SECONDS  # it paid: back to the full time
+                    return
+                if time.monotonic() >= end:
+                    break
+            self.yielding = self.yielding / 2 if self.yielding > 5e-6 else 0.0
         start, reported = now, False
         addr = self.base + word * 4
         while True:

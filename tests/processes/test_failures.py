@@ -13,7 +13,7 @@ import pytest
 
 from minidist import segments
 
-from .harness import SCRIPTS, Job
+from .harness import SCRIPTS, Job, clean_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -71,6 +71,19 @@ def test_small_calls_through_shared_slots_stay_exact_under_contention(n, central
         rc = job.wait(110)
     assert rc == 0, job.out[-2000:] + job.err[-3000:]
     assert job.out.count("FAST STRESS OK") == n
+
+
+@pytest.mark.parametrize("n", [2, 5])
+def test_ranks_waiting_in_small_calls_sleep(n):
+    """Waiters spin (n=2 fits the two cores) or yield (n=5) only briefly, then sleep:
+    100 barriers that each wait 20 ms for rank 0 cost the others little CPU."""
+    with Job(n, SCRIPTS / "idle_wait.py", env=clean_env(IDLE_SLEEP="2", IDLE_ROUNDS="100")
+             ) as job:
+        assert job.wait(60) == 0, job.err[-3000:]
+    line = next(line for line in job.out.splitlines() if "WAIT" in line)
+    cpu = float(line.split("cpu_seconds=")[1].split()[0])
+    assert float(line.split("waited_min=")[1].split()[0]) >= 1.8, line
+    assert cpu < 0.15 * (n - 1), line  # each waited 2 s: busy waiting would cost ~2 s each
 
 
 @pytest.mark.parametrize("victim,central_above", [(0, 1), (2, 1), (1, 64)])
