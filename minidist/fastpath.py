@@ -52,6 +52,24 @@ is stored only after every rank wrote its slot for ``f``, so the reuse argument 
 holds unchanged, and rank 0 releases even when the signatures differ: every rank then
 finds the mismatch itself.
 
+An all_reduce above :data:`SLOT_BYTES` (up to :data:`MID_BYTES`, on groups of at most
+:data:`MID_RANKS`) takes the same path through a larger area after the slots: two
+banks, each with one chunk of :data:`MID_CHUNK` bytes per rank and one for the result.
+Each chunk of the vector is cut into one share per rank; a rank copies into its chunk
+the shares that the others reduce, reduces its own share across all ranks (its own
+part read in place from its vector) into the result chunk, and copies the whole result
+out. The steps are ordered by barriers, each a fast call's number without payload (a
+call of ``m`` chunks uses ``m + 1`` numbers), pipelined as
+
+    copy in 0 | B0 | reduce 0, copy in 1 | B1 | copy out 0, reduce 1, copy in 2 | B2 | ...
+
+What a rank writes after barrier ``k`` (its chunk of bank ``(k + 1) % 2``, the result
+of bank ``k % 2``) was last read before barrier ``k`` by everyone (reduce ``k - 1``,
+copy out ``k - 2``). The first barrier compares the signatures, so the vector is first
+written (copy out 0, after B1) only once every rank is known to call the same thing;
+each element is reduced once, by one rank, in rank order, so every rank gets the same
+bits.
+
 Every wait is bounded: it sleeps in slices of at most 0.1 s and checks the call's
 deadline, peers that died or left, an abort of the group and the rendezvous between
 slices; after 1 s it reports the call to the rendezvous (the stall check that finds
@@ -76,6 +94,9 @@ from .group import Group
 from .ops import ReduceOp
 
 SLOT_BYTES = 4096  # the largest payload of a fast call
+MID_BYTES = 4 << 20  # the largest all_reduce through the mid area
+MID_RANKS = 8  # ... on groups of at most this many ranks
+MID_CHUNK = 256 << 10  # bytes per rank and chunk of the mid area
 MAX_RANKS = 64  # larger groups: the tree and dissemination schedules scale better
 HEADER = 64
 SLOT = HEADER + SLOT_BYTES
@@ -149,8 +170,24 @@ def fence() -> None:
     _FENCE.release()
 
 
+def _mid_at(size: int) -> int:
+    return -(-size * 2 * SLOT // 4096) * 4096
+
+
 def segment_bytes(size: int) -> int:
-    return size * 2 * SLOT
+    """The shared segment of a group of ``size`` ranks: its slots, then (for groups of at
+    most MID_RANKS) the mid area. Pages that no call touches take no memory."""
+    if size > MID_RANKS:
+        return size * 2 * SLOT
+    return _mid_at(size) + 2 * (size + 1) * MID_CHUNK
+
+
+def numbers(nbytes: int, itemsize: int) -> int:
+    """How many of its group's fast-call numbers a fast call of ``nbytes`` uses."""
+    if nbytes <= SLOT_BYTES:
+        return 1
+    chunk = MID_CHUNK // itemsize
+    return -(-(nbytes // itemsize) // chunk) + 1
 
 
 def _cores() -> int:
@@ -173,6 +210,7 @@ class Slots:
         self.me = me
         self.size = group.size
         self.mem = np.frombuffer(buf, np.uint8, segment_bytes(self.size))
+        self.mid_at = _mid_at(self.size)
         self.base = self.mem.ctypes.data
         self.words = self.mem.view(np.int32)  # the slot numbers, by int32 index
         self.cores = _cores()
@@ -211,16 +249,14 @@ class Slots:
         ``anyone_gone()``, where given, says cheaply whether ``gone`` could answer for
         any rank at all (else every waiter that goes to sleep asks it about each rank
         that has not arrived)."""
+        waits = (deadline, gone, broken, stalled, timed_out, anyone_gone)
+        if out.nbytes > SLOT_BYTES:
+            self._run_mid(f, call, out, src, op, waits)
+            return
         parity, number = f % 2, (f + 1) & 0x7FFFFFFF
         me = self.me
-        data = src.view(np.uint8).reshape(-1)
-        self._payload(me, parity, data.size)[:] = data
-        _SIG.pack_into(self.mem, (me * 2 + parity) * SLOT + 4, call.kind, call.dtype,
-                       call.op, call.root, call.count, call.seq, call.shape)
-        word = self._word(me, parity)
-        self.words[word] = number  # after the payload: readers see both
-        mine = self._sig(me, parity)
-        waiting = (parity, number, deadline, gone, broken, stalled, timed_out, anyone_gone)
+        mine = self._publish(parity, number, call, src.view(np.uint8).reshape(-1))
+        waiting = (parity, number, *waits)
         if self.central:
             head = self._word(0, parity)
             if me == 0:
@@ -244,11 +280,7 @@ class Slots:
                            if self.words[head + DIFFERS // 4] == number
                            else self._differing(mine, parity, only=0))
         else:
-            self._wake(word, SLEEPING)
-            for r in range(self.size):
-                if r != me:
-                    at = self._word(r, parity)
-                    self._wait(at, number, at + SLEEPING // 4, None, *waiting)
+            self._meet(parity, number, waiting)
             differs = self._differing(mine, parity)
         if differs is not None:
             raise self._mismatch(call, differs, self._sig(differs, parity))
@@ -261,6 +293,76 @@ class Slots:
                 self._reduce_all(out, op, parity)
             elif me != 0:  # group rank 0 left the result in its payload
                 out.view(np.uint8).reshape(-1)[:] = self._payload(0, parity, out.nbytes)
+
+    def _publish(self, parity: int, number: int, call, data: np.ndarray) -> tuple:
+        """Write this rank's payload and signature, then its slot number; its signature."""
+        me = self.me
+        self._payload(me, parity, data.size)[:] = data
+        _SIG.pack_into(self.mem, (me * 2 + parity) * SLOT + 4, call.kind, call.dtype,
+                       call.op, call.root, call.count, call.seq, call.shape)
+        self.words[self._word(me, parity)] = number  # after the payload: readers see both
+        return self._sig(me, parity)
+
+    def _meet(self, parity: int, number: int, waiting: tuple) -> None:
+        """Wake the sleepers on this rank's slot (just published), then wait for every
+        other rank's."""
+        self._wake(self._word(self.me, parity), SLEEPING)
+        for r in range(self.size):
+            if r != self.me:
+                at = self._word(r, parity)
+                self._wait(at, number, at + SLEEPING // 4, None, *waiting)
+
+    def _mid(self, bank: int, slot: int, dtype: np.dtype) -> np.ndarray:
+        """Chunk ``slot`` (a group rank, or ``size`` for the result) of a mid-area bank."""
+        at = self.mid_at + (bank * (self.size + 1) + slot) * MID_CHUNK
+        return self.mem[at:at + MID_CHUNK].view(dtype)
+
+    def _run_mid(self, f: int, call, out: np.ndarray, src: np.ndarray, op: ReduceOp,
+                 waits: tuple) -> None:
+        """An all_reduce of more than a slot through the mid area (see the module)."""
+        n, me, dt = self.size, self.me, out.dtype
+        chunk = MID_CHUNK // out.itemsize
+        count = out.size
+        m = -(-count // chunk)
+        empty = np.empty(0, np.uint8)
+
+        def bounds(j: int, r: int) -> tuple[int, int, int, int]:
+            lo, hi = j * chunk, min(count, (j + 1) * chunk)
+            return lo, hi, lo + (hi - lo) * r // n, lo + (hi - lo) * (r + 1) // n
+
+        def copy_in(j: int) -> None:  # the shares the others reduce
+            lo, hi, a, b = bounds(j, me)
+            mine = self._mid(j % 2, me, dt)
+            mine[:a - lo] = src[lo:a]
+            mine[b - lo:hi - lo] = src[b:hi]
+
+        def reduce(j: int) -> None:  # this rank's share, across all, in rank order
+            lo, hi, a, b = bounds(j, me)
+            if a == b:
+                return
+            parts = [src[a:b] if r == me else self._mid(j % 2, r, dt)[a - lo:b - lo]
+                     for r in range(n)]
+            res = self._mid(j % 2, n, dt)[a - lo:b - lo]
+            ops.reduce_into(op, res, parts[0], parts[1])
+            for part in parts[2:]:
+                ops.reduce_into(op, res, res, part)
+
+        copy_in(0)
+        for j in range(m + 1):
+            parity, number = (f + j) % 2, (f + j + 1) & 0x7FFFFFFF
+            mine = self._publish(parity, number, call, empty)
+            self._meet(parity, number, (parity, number, *waits))
+            if j == 0:
+                differs = self._differing(mine, parity)
+                if differs is not None:
+                    raise self._mismatch(call, differs, self._sig(differs, parity))
+            else:
+                lo, hi, _, _ = bounds(j - 1, me)
+                out[lo:hi] = self._mid((j - 1) % 2, n, dt)[:hi - lo]
+            if j < m:
+                reduce(j)
+            if j + 1 < m:
+                copy_in(j + 1)
 
     def _reduce_all(self, out: np.ndarray, op: ReduceOp, parity: int) -> None:
         """``out`` = every rank's payload reduced, in rank order (the same bits on every
@@ -306,6 +408,7 @@ class Slots:
             end = now + self.spin
             while time.monotonic() < end:
                 if words[word] == want:
+                    self.spin = SPIN_SECONDS  # it paid: back to the full time
                     return
             # spinning did not pay (the others are not running now): spin less, so a
             # crowded machine's cores go to the ranks that have work

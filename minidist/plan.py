@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import algorithms, ops, wire
+from . import algorithms, fastpath, ops, wire
 from .algorithms import cost
 from .algorithms import shm as shm_algorithm
 from .algorithms.schedule import Schedule
@@ -133,6 +133,8 @@ class Planner:
         self._plans: dict[tuple, tuple] = {}
         self.fast_bytes = 0  # calls up to this size take the fast path (0: never)
         self.fast_ranks = 0  # ... on groups of at most this many ranks
+        self.mid_bytes = 0  # all_reduces up to this size take it too (0: never) ...
+        self.mid_ranks = 0  # ... on groups of at most this many ranks
         self._fast_calls: dict[int, int] = {}
         self._digests: dict[tuple[int, ...], int] = {}
         self._layouts: dict[int, tuple[int, ...]] = {}
@@ -288,8 +290,11 @@ class Planner:
                 np.copyto(flat, inp)
             return Prepared(None, None, bufs, op, copied, finish)
         shape = user.shape if shape is None else shape
-        if (kind in FAST_KINDS and algorithm is None and count * flat.itemsize <=
-                self.fast_bytes and g.size <= self.fast_ranks
+        nbytes = count * flat.itemsize
+        if (kind in FAST_KINDS and algorithm is None
+                and (nbytes <= self.fast_bytes and g.size <= self.fast_ranks
+                     or kind == wire.Kind.ALL_REDUCE and nbytes <= self.mid_bytes
+                     and g.size <= self.mid_ranks)
                 and kind.name.lower() not in self._forced
                 and (self._one_node or len(set(self._layout(g))) == 1)):
             return self._prepare_fast(kind, g, user, flat, bufs, op, root, count, shape,
@@ -319,7 +324,7 @@ class Planner:
         if digest is None:
             digest = self._digests[shape] = wire.shape_digest(shape)
         f = self._fast_calls.get(g.id, 0)
-        self._fast_calls[g.id] = f + 1
+        self._fast_calls[g.id] = f + fastpath.numbers(count * flat.itemsize, flat.itemsize)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s on %r: shared_slots (%d elements of %s)", kind.name.lower(), g,
                       count, flat.dtype)

@@ -61,6 +61,8 @@ class Session:
         if fastpath.available() and segments.available() and env.fast_path_allowed(os.environ):
             self.plan.fast_bytes = fastpath.SLOT_BYTES
             self.plan.fast_ranks = fastpath.MAX_RANKS
+            self.plan.mid_bytes = fastpath.MID_BYTES
+            self.plan.mid_ranks = fastpath.MID_RANKS
         self._fast: dict[int, fastpath.Slots] = {}
         self._fast_maps: list[object] = []
         self._fast_turn: dict[int, int] = {}  # per group: the fast call whose turn it is
@@ -349,7 +351,8 @@ class Session:
             raise
         finally:
             with self._fast_cond:
-                self._fast_turn[g.id] = p.fast + 1
+                done = p.bufs["out"]
+                self._fast_turn[g.id] = p.fast + fastpath.numbers(done.nbytes, done.itemsize)
                 self._fast_cond.notify_all()
 
     def _run_fast_traced(self, p: Prepared, loop: asyncio.AbstractEventLoop) -> None:

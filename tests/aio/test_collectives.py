@@ -227,7 +227,13 @@ async def test_shared_memory_all_reduce(n, count):
 
 
 async def test_large_all_reduce_on_one_node_picks_shared_memory(job):
-    arrays = [np.ones(1 << 18, np.float32) for _ in job]
+    mid = [np.ones(1 << 18, np.float32) for _ in job]  # 1 MiB: the fast path's mid area
+    preps = [s.plan.prepare_all_reduce(a, ReduceOp.SUM, None, None) for s, a in zip(job, mid)]
+    assert {p.call.algorithm_name for p in preps} == {"shared_slots"}
+    assert {p.fast for p in preps} == {0}  # and the same numbers on every rank
+    await asyncio.gather(*(s.execute(p) for s, p in zip(job, preps)))
+    assert all((a == len(job)).all() for a in mid)
+    arrays = [np.ones(1 << 21, np.float32) for _ in job]  # 8 MiB: the segment's schedule
     preps = [s.plan.prepare_all_reduce(a, ReduceOp.SUM, None, None) for s, a in zip(job, arrays)]
     assert {p.call.algorithm_name for p in preps} == {"shared_memory"}
     await asyncio.gather(*(s.execute(p) for s, p in zip(job, preps)))

@@ -73,6 +73,14 @@ def test_small_calls_through_shared_slots_stay_exact_under_contention(n, central
     assert job.out.count("FAST STRESS OK") == n
 
 
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_mid_size_all_reduces_through_shared_memory_stay_exact(n):
+    with Job(n, SCRIPTS / "fast_mid_stress.py") as job:
+        rc = job.wait(110)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    assert job.out.count("MID STRESS OK") == n
+
+
 @pytest.mark.parametrize("n", [2, 5])
 def test_ranks_waiting_in_small_calls_sleep(n):
     """Waiters spin (n=2 fits the two cores) or yield (n=5) only briefly, then sleep:
@@ -86,20 +94,29 @@ def test_ranks_waiting_in_small_calls_sleep(n):
     assert cpu < 0.15 * (n - 1), line  # each waited 2 s: busy waiting would cost ~2 s each
 
 
-@pytest.mark.parametrize("victim,central_above", [(0, 1), (2, 1), (1, 64)])
-def test_a_rank_killed_in_small_calls_is_reported_within_seconds(victim, central_above):
+@pytest.mark.parametrize("victim,central_above,count",
+                         [(0, 1, 4), (2, 1, 4), (1, 64, 4), (2, 64, 300_000)])
+def test_a_rank_killed_in_small_calls_is_reported_within_seconds(victim, central_above,
+                                                                count):
     """Through the shared slots, waiting on each peer or gathered at group rank 0 (whose
-    death leaves the others waiting on its release) alike."""
-    with Job(4, SCRIPTS / "fast_kill.py", str(victim), str(central_above)) as job:
+    death leaves the others waiting on its release) alike, and through the mid area
+    (1.2 MB: five chunks, six barriers)."""
+    with Job(4, SCRIPTS / "fast_kill.py", str(victim), str(central_above), str(count)
+             ) as job:
         job.wait(90)
     lost = [line for line in job.out.splitlines() if "LOST" in line]
     assert len(lost) == 3, job.out[-2000:] + job.err[-2000:]
     assert all(f"LOST [{victim}]" in line and float(line.split()[-1]) < 30 for line in lost)
 
 
-@pytest.mark.parametrize("central_above", [1, 64])
-def test_small_calls_that_disagree_fail_on_every_rank(central_above):
-    with Job(4, SCRIPTS / "fast_mismatch.py", str(central_above)) as job:
+@pytest.mark.parametrize("central_above,counts", [
+    (1, ()), (64, ()),
+    (64, ("100000", "99999")),  # both through the mid area, different chunk counts
+    (64, ("100000", "3")),  # the mid area against a slot
+    (1, ("3", "100000")),  # a slot of a gathering group against the mid area
+])
+def test_small_calls_that_disagree_fail_on_every_rank(central_above, counts):
+    with Job(4, SCRIPTS / "fast_mismatch.py", str(central_above), *counts) as job:
         job.wait(60)
     found = [line for line in job.out.splitlines() if "MISMATCH" in line]
     assert len(found) == 4, job.out[-2000:] + job.err[-2000:]

@@ -1,6 +1,6 @@
 """Small calls through the shared slots; one rank SIGKILLs itself mid-loop. The others
-must raise PeerLostError within seconds (argv: the victim, and the size above which
-groups gather at group rank 0 and are released)."""
+must raise PeerLostError within seconds (argv: the victim, the size above which groups
+gather at group rank 0 and are released, and optionally the all_reduce's count)."""
 
 import os
 import signal
@@ -15,7 +15,7 @@ from minidist import fastpath
 victim, fastpath.CENTRAL_ABOVE = int(sys.argv[1]), int(sys.argv[2])
 minidist.init(timeout=60)
 rank = minidist.get_rank()
-x = np.ones(4, np.float32)
+x = np.ones(int(sys.argv[3]) if len(sys.argv) > 3 else 4, np.float32)
 for _ in range(300):
     minidist.all_reduce(x)
     minidist.barrier()

@@ -1,0 +1,60 @@
+"""All_reduces above a slot (the fast path's mid area), back to back with small calls,
+on the world and on a subgroup: sizes across chunk boundaries, several dtypes and ops,
+in-place and strided arrays. Every result must equal the reduction in rank order, bit
+for bit, on every rank."""
+
+import numpy as np
+
+import minidist
+from minidist import fastpath
+
+minidist.init(timeout=60)
+rank, n = minidist.get_rank(), minidist.get_world_size()
+sub = minidist.new_group(list(range(1, n)))
+chunk_bytes = fastpath.MID_CHUNK
+SIZES = [fastpath.SLOT_BYTES + 4, 3 * 4096 + 8, chunk_bytes - 8, chunk_bytes,
+         chunk_bytes + 8, 2 * chunk_bytes + 12, fastpath.MID_BYTES]
+OPS = [minidist.ReduceOp.SUM, minidist.ReduceOp.MAX, minidist.ReduceOp.PRODUCT]
+
+
+def data(r: int, i: int, count: int, dt: np.dtype) -> np.ndarray:
+    rng = np.random.default_rng(1000 * i + r)
+    if dt.kind == "f":
+        return rng.standard_normal(count).astype(dt)
+    return rng.integers(-50, 50, count).astype(dt)
+
+
+for i in range(60):
+    nbytes = SIZES[i % len(SIZES)]
+    dt = np.dtype([np.float32, np.int64, np.float64, np.int32][i % 4])
+    op = OPS[i % 3]
+    count = nbytes // dt.itemsize
+    members = list(range(n)) if i % 4 else list(range(1, n))
+    group = None if i % 4 else sub
+    if rank not in members:
+        continue
+    want = data(members[0], i, count, dt)
+    for r in members[1:]:
+        ufunc = {minidist.ReduceOp.SUM: np.add, minidist.ReduceOp.MAX: np.maximum,
+                 minidist.ReduceOp.PRODUCT: np.multiply}[op]
+        want = ufunc(want, data(r, i, count, dt))
+    mine = data(rank, i, count, dt)
+    if i % 5 == 0:  # a strided view: reduced through a copy, written back
+        x = np.zeros(2 * count, dt)
+        x[::2] = mine
+        minidist.all_reduce(x[::2], op=op, group=group)
+        got = x[::2]
+        assert (x[1::2] == 0).all(), f"call {i}: the gaps of a strided array were written"
+    else:
+        got = mine
+        minidist.all_reduce(got, op=op, group=group)
+    if dt.kind == "f":
+        same = got.tobytes() == want.tobytes()
+    else:
+        same = np.array_equal(got, want)
+    assert same, f"call {i} ({nbytes} B of {dt}, {op.name}): " \
+                 f"{np.flatnonzero(got != want)[:5]}"
+    small = np.array([rank], np.int32)
+    minidist.all_reduce(small, group=group)
+    assert small[0] == sum(members)
+print("MID STRESS OK", flush=True)
