@@ -32,6 +32,7 @@ from ._tensors import (
     as_output,
     check_tensor,
     packed,
+    plain_view,
     same_dtype,
     scratch_like,
 )
@@ -173,12 +174,14 @@ def _gpu_only(what: str, *ts: Any) -> None:
 @_ordered
 def all_reduce(t: torch.Tensor, op: Any, g: Group | None, blocking: bool = False) -> Work:
     op = to_op(op)
-    if isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo:
-        return sparse_all_reduce(t, op, g)
-    if _on_gpu(t):
-        nw = _native().all_reduce(t, op, g, async_op=True)
-        return _gpu_work(nw, None, [t], "all_reduce", t.device)
-    arr, post = as_output(t, "all_reduce", reduce=True)
+    arr, post = plain_view(t), None  # the common case first
+    if arr is None:
+        if isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo:
+            return sparse_all_reduce(t, op, g)
+        if _on_gpu(t):
+            nw = _native().all_reduce(t, op, g, async_op=True)
+            return _gpu_work(nw, None, [t], "all_reduce", t.device)
+        arr, post = as_output(t, "all_reduce", reduce=True)
     item = md.door().plan.prepare_all_reduce(arr, op, g, None)
     return _issue(item, post, [t], "all_reduce", blocking)
 

@@ -96,15 +96,25 @@ def as_input(t: torch.Tensor, what: str, reduce: bool = False) -> np.ndarray:
     return _numpy(_dense(t), reduce)[0]
 
 
+def plain_view(t: object) -> np.ndarray | None:
+    """The numpy view of a plain CPU tensor (dense, contiguous, of a numpy dtype, not
+    requiring grad), checked in one go; None for any other tensor or object."""
+    if (type(t) is torch.Tensor and t.is_cpu and t.layout == torch.strided
+            and not t.requires_grad and t.dtype in _NUMPY and t.is_contiguous()
+            and not t.is_conj() and not t.is_neg()):
+        return t.numpy()
+    return None
+
+
 def as_output(t: torch.Tensor, what: str, reduce: bool = False) -> tuple[np.ndarray, Post]:
     """(a numpy array that minidist reads and writes, a step that puts its values into
     ``t`` once the call is done, or None when the array is ``t``'s own memory).
 
     The array starts with ``t``'s values (in-place collectives read them).
     """
-    if (type(t) is torch.Tensor and t.is_cpu and t.layout == torch.strided
-            and not t.requires_grad and t.dtype in _NUMPY and _plain(t)):
-        return t.numpy(), None  # the common case, checked in one go
+    arr = plain_view(t)
+    if arr is not None:
+        return arr, None
     check_tensor(t, what)
     if reduce:
         reducible(t, what)

@@ -41,6 +41,7 @@ class FakeNative:
 def native(monkeypatch):
     fake = FakeNative()
     monkeypatch.setattr(C, "_on_gpu", lambda *ts: True)
+    monkeypatch.setattr(C, "plain_view", lambda t: None)  # CUDA tensors are never that
     monkeypatch.setattr(C, "_native", lambda: fake)
     monkeypatch.setattr(C, "members", lambda g: (0, 1))
     return fake
@@ -78,6 +79,7 @@ def test_list_forms_pack_and_unpack(native):
 def test_the_native_error_reaches_wait(monkeypatch):
     fake = FakeNative(minidist.PeerLostError("rank 1 died"))
     monkeypatch.setattr(C, "_on_gpu", lambda *ts: True)
+    monkeypatch.setattr(C, "plain_view", lambda t: None)  # CUDA tensors are never that
     monkeypatch.setattr(C, "_native", lambda: fake)
     w = C.all_reduce(torch.ones(2), "sum", None)
     with pytest.raises(minidist.PeerLostError, match="rank 1 died"):
