@@ -182,6 +182,19 @@ def segment_bytes(size: int) -> int:
     return _mid_at(size) + 2 * (size + 1) * MID_CHUNK
 
 
+def takes(collective: str, size: int, nbytes: int) -> bool:
+    """Whether a call of ``collective`` (a lower-case name) of ``nbytes`` on a group of
+    ``size`` ranks fits the fast path (when its group is on one node and the fast path
+    is allowed): all_reduce, broadcast and barrier up to SLOT_BYTES on up to MAX_RANKS
+    ranks; all_reduce up to MID_BYTES on up to MID_RANKS ranks."""
+    if collective == "all_reduce" and nbytes <= MID_BYTES and size <= MID_RANKS:
+        return True
+    return collective in _FAST and nbytes <= SLOT_BYTES and size <= MAX_RANKS
+
+
+_FAST = ("all_reduce", "broadcast", "barrier")
+
+
 def numbers(nbytes: int, itemsize: int) -> int:
     """How many of its group's fast-call numbers a fast call of ``nbytes`` uses."""
     if nbytes <= SLOT_BYTES:

@@ -131,10 +131,7 @@ class Planner:
         self._forced = forced
         self._group_counts: dict[tuple[int, ...], int] = {}
         self._plans: dict[tuple, tuple] = {}
-        self.fast_bytes = 0  # calls up to this size take the fast path (0: never)
-        self.fast_ranks = 0  # ... on groups of at most this many ranks
-        self.mid_bytes = 0  # all_reduces up to this size take it too (0: never) ...
-        self.mid_ranks = 0  # ... on groups of at most this many ranks
+        self.fast = False  # calls that fit take the fast path (fastpath.takes)
         self._fast_calls: dict[int, int] = {}
         self._digests: dict[tuple[int, ...], int] = {}
         self._layouts: dict[int, tuple[int, ...]] = {}
@@ -290,11 +287,8 @@ class Planner:
                 np.copyto(flat, inp)
             return Prepared(None, None, bufs, op, copied, finish)
         shape = user.shape if shape is None else shape
-        nbytes = count * flat.itemsize
-        if (kind in FAST_KINDS and algorithm is None
-                and (nbytes <= self.fast_bytes and g.size <= self.fast_ranks
-                     or kind == wire.Kind.ALL_REDUCE and nbytes <= self.mid_bytes
-                     and g.size <= self.mid_ranks)
+        if (self.fast and kind in FAST_KINDS and algorithm is None
+                and fastpath.takes(kind.name.lower(), g.size, count * flat.itemsize)
                 and kind.name.lower() not in self._forced
                 and (self._one_node or len(set(self._layout(g))) == 1)):
             return self._prepare_fast(kind, g, user, flat, bufs, op, root, count, shape,

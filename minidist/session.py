@@ -59,10 +59,7 @@ class Session:
             calibrate.load(), forced)
         self.world = self.plan.world
         if fastpath.available() and segments.available() and env.fast_path_allowed(os.environ):
-            self.plan.fast_bytes = fastpath.SLOT_BYTES
-            self.plan.fast_ranks = fastpath.MAX_RANKS
-            self.plan.mid_bytes = fastpath.MID_BYTES
-            self.plan.mid_ranks = fastpath.MID_RANKS
+            self.plan.fast = True
         self._fast: dict[int, fastpath.Slots] = {}
         self._fast_maps: list[object] = []
         self._fast_turn: dict[int, int] = {}  # per group: the fast call whose turn it is

@@ -200,16 +200,15 @@ def _predict(results: report.Results, names: list[str]) -> None:
 
 
 def _fast_path(collective: str, n: int, nbytes: int) -> bool:
-    """Whether a call of ``nbytes`` without algorithm= takes the fast path (shared slots)
-    in a job of ``n`` processes of this node started from this environment, instead of
-    the chosen algorithm (as the planner decides)."""
+    """Whether a call of ``nbytes`` without algorithm= takes the fast path (shared slots
+    or their mid area) in a job of ``n`` processes of this node started from this
+    environment, instead of the chosen algorithm (as the planner decides)."""
     import os
 
     from .. import fastpath, segments
     from ..env import fast_path_allowed
 
-    return (collective in ("all_reduce", "broadcast", "barrier") and n <= fastpath.MAX_RANKS
-            and nbytes <= fastpath.SLOT_BYTES and fastpath.available()
+    return (fastpath.takes(collective, n, nbytes) and fastpath.available()
             and segments.available() and fast_path_allowed(os.environ)
             and not os.environ.get(f"MINIDIST_ALGO_{collective.upper()}"))
 
