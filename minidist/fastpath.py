@@ -93,6 +93,7 @@ from .errors import CollectiveMismatchError, DistError
 from .group import Group
 from .ops import ReduceOp
 
+FAST_COLLECTIVES = ("all_reduce", "broadcast", "barrier")
 SLOT_BYTES = 4096  # the largest payload of a fast call
 MID_BYTES = 4 << 20  # the largest all_reduce through the mid area
 MID_RANKS = 8  # ... on groups of at most this many ranks
@@ -189,10 +190,7 @@ def takes(collective: str, size: int, nbytes: int) -> bool:
     ranks; all_reduce up to MID_BYTES on up to MID_RANKS ranks."""
     if collective == "all_reduce" and nbytes <= MID_BYTES and size <= MID_RANKS:
         return True
-    return collective in _FAST and nbytes <= SLOT_BYTES and size <= MAX_RANKS
-
-
-_FAST = ("all_reduce", "broadcast", "barrier")
+    return collective in FAST_COLLECTIVES and nbytes <= SLOT_BYTES and size <= MAX_RANKS
 
 
 def numbers(nbytes: int, itemsize: int) -> int:

@@ -83,6 +83,7 @@ class Prepared:
     finish: bool = False
     sent: frozenset[int] = frozenset()  # first-step sends done from the caller's thread
     fast: int = -1  # a fast call (minidist.fastpath): its number among the group's, else -1
+    fast_numbers: int = 1  # ... and how many of the group's fast-call numbers it uses
 
 
 P2P_TAG_LIMIT = 1 << 31  # tags from 2**31 up are minidist's own
@@ -288,8 +289,9 @@ class Planner:
             return Prepared(None, None, bufs, op, copied, finish)
         shape = user.shape if shape is None else shape
         if (self.fast and kind in FAST_KINDS and algorithm is None
-                and fastpath.takes(kind.name.lower(), g.size, count * flat.itemsize)
-                and kind.name.lower() not in self._forced
+                and fastpath.takes(collective := kind.name.lower(), g.size,
+                                   count * flat.itemsize)
+                and collective not in self._forced
                 and (self._one_node or len(set(self._layout(g))) == 1)):
             return self._prepare_fast(kind, g, user, flat, bufs, op, root, count, shape,
                                       copied, finish)
@@ -318,13 +320,14 @@ class Planner:
         if digest is None:
             digest = self._digests[shape] = wire.shape_digest(shape)
         f = self._fast_calls.get(g.id, 0)
-        self._fast_calls[g.id] = f + fastpath.numbers(count * flat.itemsize, flat.itemsize)
+        uses = fastpath.numbers(count * flat.itemsize, flat.itemsize)
+        self._fast_calls[g.id] = f + uses
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s on %r: shared_slots (%d elements of %s)", kind.name.lower(), g,
                       count, flat.dtype)
         call = Call(kind, g, self._number(g), ops.dtype_code(flat.dtype), int(op),
                     FAST_INDEX, "shared_slots", root, count, digest)
-        return Prepared(call, None, bufs, op, copied, finish, fast=f)
+        return Prepared(call, None, bufs, op, copied, finish, fast=f, fast_numbers=uses)
 
     def _plan(self, kind: wire.Kind, g: Group, flat: np.ndarray, inp: np.ndarray,
               count: int, shape: tuple[int, ...], root: int, algorithm: str | None):

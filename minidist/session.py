@@ -348,8 +348,7 @@ class Session:
             raise
         finally:
             with self._fast_cond:
-                done = p.bufs["out"]
-                self._fast_turn[g.id] = p.fast + fastpath.numbers(done.nbytes, done.itemsize)
+                self._fast_turn[g.id] = p.fast + p.fast_numbers
                 self._fast_cond.notify_all()
 
     def _run_fast_traced(self, p: Prepared, loop: asyncio.AbstractEventLoop) -> None:

@@ -100,8 +100,7 @@ def plain_view(t: object) -> np.ndarray | None:
     """The numpy view of a plain CPU tensor (dense, contiguous, of a numpy dtype, not
     requiring grad), checked in one go; None for any other tensor or object."""
     if (type(t) is torch.Tensor and t.is_cpu and t.layout == torch.strided
-            and not t.requires_grad and t.dtype in _NUMPY and t.is_contiguous()
-            and not t.is_conj() and not t.is_neg()):
+            and not t.requires_grad and t.dtype in _NUMPY and _plain(t)):
         return t.numpy()
     return None
 
