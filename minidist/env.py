@@ -45,6 +45,12 @@ def fast_path_allowed(env: Mapping[str, str]) -> bool:
     return env.get("MINIDIST_FASTPATH", "1") != "0"
 
 
+def single_copy_allowed(env: Mapping[str, str]) -> bool:
+    """False with ``MINIDIST_SINGLE_COPY=0``: ranks of one node never read each other's
+    memory (large all_reduces go through shared segments instead)."""
+    return env.get("MINIDIST_SINGLE_COPY", "1") != "0"
+
+
 def uvloop_allowed(env: Mapping[str, str]) -> bool:
     """False with ``MINIDIST_UVLOOP=0``: the standard asyncio loop even with uvloop."""
     return env.get("MINIDIST_UVLOOP", "1") != "0"

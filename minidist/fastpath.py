@@ -70,6 +70,19 @@ written (copy out 0, after B1) only once every rank is known to call the same th
 each element is reduced once, by one rank, in rank order, so every rank gets the same
 bits.
 
+An all_reduce above :data:`DIRECT_MIN` on a group whose ranks can read each other's
+memory (:mod:`minidist.peer_memory`; the planner knows from every rank's key) takes
+three fast-call numbers, whatever its size. B0 publishes each rank's pid and the
+addresses of its vector and result (and compares the signatures); then each rank reads
+the others' parts of its share (its 1/n of the vector), :data:`DIRECT_CHUNK` bytes
+per peer at a time, and reduces them in rank order into its result; B1; each rank
+reads every other share from the result of the rank that reduced it; B2, after which
+nobody reads this rank's arrays, so it may return. Between B0 and B1 a rank writes only
+its own share of its result, which nobody reads before B1 (the others read their own
+shares of its vector, which is its result too when the call is in place); between B1
+and B2 nobody writes. A peer's process that is gone makes the read fail (ESRCH):
+PeerLostError.
+
 Every wait is bounded: it sleeps in slices of at most 0.1 s and checks the call's
 deadline, peers that died or left, an abort of the group and the rendezvous between
 slices; after 1 s it reports the call to the rendezvous (the stall check that finds
@@ -79,6 +92,7 @@ ranks that called different things).
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import platform
 import struct
@@ -88,8 +102,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import ops
-from .errors import CollectiveMismatchError, DistError
+from . import ops, peer_memory
+from .errors import CollectiveMismatchError, DistError, PeerLostError
 from .group import Group
 from .ops import ReduceOp
 
@@ -98,6 +112,8 @@ SLOT_BYTES = 4096  # the largest payload of a fast call
 MID_BYTES = 4 << 20  # the largest all_reduce through the mid area
 MID_RANKS = 8  # ... on groups of at most this many ranks
 MID_CHUNK = 256 << 10  # bytes per rank and chunk of the mid area
+DIRECT_MIN = 4 << 20  # all_reduces above this read the peers' vectors (peer_memory)
+DIRECT_CHUNK = 512 << 10  # bytes per peer that a reducing rank reads at a time
 MAX_RANKS = 64  # larger groups: the tree and dissemination schedules scale better
 HEADER = 64
 SLOT = HEADER + SLOT_BYTES
@@ -113,6 +129,7 @@ YIELD_RANKS_PER_CORE = 4  # more than this many ranks per core: sleep at once
 SLICE = 0.1  # seconds a waiter sleeps at most between checks
 STALL_REPORT = 1.0
 _SIG = struct.Struct("<iiiiqqI")  # kind, dtype, op, root, count, seq, shape
+_WHERE = struct.Struct("<qqq")  # a rank that is read: its pid, its vector, its result
 
 _SYS_FUTEX = {"x86_64": 202, "AMD64": 202}.get(platform.machine())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
@@ -183,18 +200,31 @@ def segment_bytes(size: int) -> int:
     return _mid_at(size) + 2 * (size + 1) * MID_CHUNK
 
 
-def takes(collective: str, size: int, nbytes: int) -> bool:
+def takes(collective: str, size: int, nbytes: int, direct: bool = False) -> bool:
     """Whether a call of ``collective`` (a lower-case name) of ``nbytes`` on a group of
     ``size`` ranks fits the fast path (when its group is on one node and the fast path
     is allowed): all_reduce, broadcast and barrier up to SLOT_BYTES on up to MAX_RANKS
-    ranks; all_reduce up to MID_BYTES on up to MID_RANKS ranks."""
-    if collective == "all_reduce" and nbytes <= MID_BYTES and size <= MID_RANKS:
-        return True
+    ranks; all_reduce up to MID_BYTES on up to MID_RANKS ranks; with ``direct`` (the
+    ranks can read each other's memory), every all_reduce above DIRECT_MIN on up to
+    MAX_RANKS ranks."""
+    if collective == "all_reduce":
+        if direct and nbytes > DIRECT_MIN and size <= MAX_RANKS:
+            return True
+        if nbytes <= MID_BYTES and size <= MID_RANKS:
+            return True
     return collective in FAST_COLLECTIVES and nbytes <= SLOT_BYTES and size <= MAX_RANKS
 
 
-def numbers(nbytes: int, itemsize: int) -> int:
-    """How many of its group's fast-call numbers a fast call of ``nbytes`` uses."""
+def reads_peers(collective: str, nbytes: int, direct: bool) -> bool:
+    """Whether a fast call (see :func:`takes`) reads its peers' vectors in place."""
+    return direct and collective == "all_reduce" and nbytes > DIRECT_MIN
+
+
+def numbers(nbytes: int, itemsize: int, reads: bool = False) -> int:
+    """How many of its group's fast-call numbers a fast call of ``nbytes`` uses (``reads``:
+    one that reads its peers' vectors, see :func:`reads_peers`)."""
+    if reads:
+        return 3
     if nbytes <= SLOT_BYTES:
         return 1
     chunk = MID_CHUNK // itemsize
@@ -229,6 +259,7 @@ class Slots:
         self._probe(quiet=True)
         self.waits = 0
         self.central = self.size > CENTRAL_ABOVE
+        self._scratch = np.empty(0, np.uint8)
 
     def _probe(self, quiet: bool) -> None:
         """Set how long a waiter spins and how long it yields before it sleeps."""
@@ -252,15 +283,19 @@ class Slots:
             deadline: float, gone: Callable[[int], DistError | None],
             broken: Callable[[], DistError | None], stalled: Callable[[], None],
             timed_out: Callable[[list[int]], DistError],
-            anyone_gone: Callable[[], bool] | None = None) -> None:
+            anyone_gone: Callable[[], bool] | None = None, reads: bool = False) -> None:
         """Run fast call number ``f`` of the group (calls run in that order): ``src`` is
         this rank's contribution (the root's data for a broadcast, nothing for a
         barrier), ``out`` where the result goes. ``timed_out(waiting)`` makes the error
         of a deadline passed while ranks ``waiting`` had not written their slots.
         ``anyone_gone()``, where given, says cheaply whether ``gone`` could answer for
         any rank at all (else every waiter that goes to sleep asks it about each rank
-        that has not arrived)."""
+        that has not arrived). ``reads``: an all_reduce that reads the peers' vectors
+        (:func:`reads_peers`; every rank of the call says the same)."""
         waits = (deadline, gone, broken, stalled, timed_out, anyone_gone)
+        if reads:
+            self._run_reads(f, call, out, src, op, waits)
+            return
         if out.nbytes > SLOT_BYTES:
             self._run_mid(f, call, out, src, op, waits)
             return
@@ -374,6 +409,84 @@ class Slots:
                 reduce(j)
             if j + 1 < m:
                 copy_in(j + 1)
+
+    def _barrier(self, f: int, call, data: np.ndarray, waits: tuple) -> tuple:
+        """Fast call number ``f`` as a barrier that publishes ``data``; this rank's
+        signature."""
+        parity, number = f % 2, (f + 1) & 0x7FFFFFFF
+        mine = self._publish(parity, number, call, data)
+        self._meet(parity, number, (parity, number, *waits))
+        return mine
+
+    def _run_reads(self, f: int, call, out: np.ndarray, src: np.ndarray, op: ReduceOp,
+                   waits: tuple) -> None:
+        """An all_reduce that reads the peers' vectors in place (see the module)."""
+        n, me, item = self.size, self.me, out.itemsize
+        count = out.size
+        vec = np.ascontiguousarray(src)  # what the others read
+        res = out if out.flags.c_contiguous else np.empty_like(out)
+        where = _WHERE.pack(os.getpid(), vec.ctypes.data, res.ctypes.data)
+        mine = self._barrier(f, call, np.frombuffer(where, np.uint8), waits)
+        parity = f % 2
+        differs = self._differing(mine, parity)
+        if differs is not None:
+            raise self._mismatch(call, differs, self._sig(differs, parity))
+        peers = [_WHERE.unpack(self._payload(r, parity, _WHERE.size).tobytes())
+                 for r in range(n)]
+        gone = waits[1]
+
+        def read(r: int, into: np.ndarray, at: int) -> None:
+            pid = peers[r][0]
+            try:
+                peer_memory.read(pid, into.ctypes.data, at, into.nbytes)
+            except OSError as e:
+                rank = self.group.ranks[r]
+                err = gone(rank)
+                if err is not None:
+                    raise err from None
+                if e.errno == errno.ESRCH:
+                    raise PeerLostError(f"rank {rank} (process {pid}) exited during "
+                                        f"{call.describe()} on {self.group!r}",
+                                        ranks=[rank]) from None
+                raise DistError(f"{call.describe()} on {self.group!r}: rank "
+                                f"{self.group.ranks[me]} could not read rank {rank}'s "
+                                f"vector ({e}); MINIDIST_SINGLE_COPY=0 turns these reads "
+                                "off") from None
+
+        # this rank's share, each element across all ranks in rank order, a piece at a
+        # time (the pieces the others read land in one scratch row each)
+        a, b = count * me // n, count * (me + 1) // n
+        piece = max(1, DIRECT_CHUNK // item)
+        width = min(piece, b - a)
+        if self._scratch.nbytes < (n - 1) * width * item:
+            self._scratch = np.empty((n - 1) * width * item, np.uint8)
+        rows = self._scratch[:(n - 1) * width * item].view(out.dtype).reshape(n - 1, width)
+        for lo in range(a, b, piece):
+            hi = min(b, lo + piece)
+            parts = []
+            for r in range(n):
+                if r == me:
+                    parts.append(vec[lo:hi])
+                else:
+                    row = rows[r - (r > me), :hi - lo]
+                    read(r, row, peers[r][1] + lo * item)
+                    parts.append(row)
+            if n == 2:
+                ops.reduce_into(op, res[lo:hi], parts[0], parts[1])
+                continue
+            acc = parts[1] if me == 0 else parts[0]  # a scratch row
+            ops.reduce_into(op, acc, parts[0], parts[1])
+            for part in parts[2:-1]:
+                ops.reduce_into(op, acc, acc, part)
+            ops.reduce_into(op, res[lo:hi], acc, parts[-1])  # the one write of the share
+        self._barrier(f + 1, call, res[:0].view(np.uint8), waits)
+        for r in range(n):  # every other share, from the rank that reduced it
+            if r != me:
+                lo, hi = count * r // n, count * (r + 1) // n
+                read(r, res[lo:hi], peers[r][2] + lo * item)
+        self._barrier(f + 2, call, res[:0].view(np.uint8), waits)  # nobody reads us now
+        if res is not out:
+            np.copyto(out, res)
 
     def _reduce_all(self, out: np.ndarray, op: ReduceOp, parity: int) -> None:
         """``out`` = every rank's payload reduced, in rank order (the same bits on every

@@ -84,6 +84,7 @@ class Prepared:
     sent: frozenset[int] = frozenset()  # first-step sends done from the caller's thread
     fast: int = -1  # a fast call (minidist.fastpath): its number among the group's, else -1
     fast_numbers: int = 1  # ... and how many of the group's fast-call numbers it uses
+    reads: bool = False  # ... and whether it reads its peers' vectors (fastpath.reads_peers)
 
 
 P2P_TAG_LIMIT = 1 << 31  # tags from 2**31 up are minidist's own
@@ -136,12 +137,28 @@ class Planner:
         self._fast_calls: dict[int, int] = {}
         self._digests: dict[tuple[int, ...], int] = {}
         self._layouts: dict[int, tuple[int, ...]] = {}
+        self._read_keys: list[str | None] = [None] * world_size
+        self._reads: dict[int, bool] = {}
 
-    def set_nodes(self, nodes: list[int]) -> None:
-        """The node index of every rank (from the rendezvous' welcome)."""
+    def set_nodes(self, nodes: list[int], read_keys: list[str | None] | None = None) -> None:
+        """The node index of every rank (from the rendezvous' welcome), and what each
+        must share with another to read its memory (:func:`minidist.peer_memory.key`;
+        None: it cannot)."""
         self.nodes = list(nodes)
         self._one_node = max(self.nodes) == 0
         self._layouts.clear()
+        if read_keys is None or len(read_keys) != len(self.nodes):
+            read_keys = [None] * len(self.nodes)
+        self._read_keys = list(read_keys)
+        self._reads.clear()
+
+    def _can_read(self, g: Group) -> bool:
+        """Whether the ranks of ``g`` (on one node) can read each other's memory."""
+        ok = self._reads.get(g.id)
+        if ok is None:
+            keys = {self._read_keys[r] for r in g.ranks}
+            ok = self._reads[g.id] = len(keys) == 1 and None not in keys
+        return ok
 
     # ------------------------------------------------------------------ groups
 
@@ -290,11 +307,11 @@ class Planner:
         shape = user.shape if shape is None else shape
         if (self.fast and kind in FAST_KINDS and algorithm is None
                 and fastpath.takes(collective := kind.name.lower(), g.size,
-                                   count * flat.itemsize)
+                                   count * flat.itemsize, direct := self._can_read(g))
                 and collective not in self._forced
                 and (self._one_node or len(set(self._layout(g))) == 1)):
             return self._prepare_fast(kind, g, user, flat, bufs, op, root, count, shape,
-                                      copied, finish)
+                                      copied, finish, direct)
         key = (kind, g.id, flat.dtype, count, bufs["in"].size, shape, root, algorithm)
         plan = self._plans.get(key)
         if plan is None:
@@ -313,21 +330,26 @@ class Planner:
     def _prepare_fast(self, kind: wire.Kind, g: Group, user: np.ndarray, flat: np.ndarray,
                       bufs: dict[str, np.ndarray], op: ReduceOp, root: int, count: int,
                       shape: tuple[int, ...], copied: np.ndarray | None,
-                      finish: bool) -> Prepared:
-        """A small call on one node: through the group's shared slots, by the caller's
-        thread (:mod:`minidist.fastpath`), numbered among the group's fast calls."""
+                      finish: bool, direct: bool) -> Prepared:
+        """A call on one node through the group's shared slots, by the caller's thread
+        (:mod:`minidist.fastpath`), numbered among the group's fast calls; ``direct``:
+        the group's ranks can read each other's memory."""
         digest = self._digests.get(shape)
         if digest is None:
             digest = self._digests[shape] = wire.shape_digest(shape)
         f = self._fast_calls.get(g.id, 0)
-        uses = fastpath.numbers(count * flat.itemsize, flat.itemsize)
+        nbytes = count * flat.itemsize
+        reads = fastpath.reads_peers(kind.name.lower(), nbytes, direct)
+        uses = fastpath.numbers(nbytes, flat.itemsize, reads)
         self._fast_calls[g.id] = f + uses
+        name = "single_copy" if reads else "shared_slots"
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s on %r: shared_slots (%d elements of %s)", kind.name.lower(), g,
+            log.debug("%s on %r: %s (%d elements of %s)", kind.name.lower(), g, name,
                       count, flat.dtype)
         call = Call(kind, g, self._number(g), ops.dtype_code(flat.dtype), int(op),
-                    FAST_INDEX, "shared_slots", root, count, digest)
-        return Prepared(call, None, bufs, op, copied, finish, fast=f, fast_numbers=uses)
+                    FAST_INDEX, name, root, count, digest)
+        return Prepared(call, None, bufs, op, copied, finish, fast=f, fast_numbers=uses,
+                        reads=reads)
 
     def _plan(self, kind: wire.Kind, g: Group, flat: np.ndarray, inp: np.ndarray,
               count: int, shape: tuple[int, ...], root: int, algorithm: str | None):

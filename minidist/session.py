@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from . import algorithms, calibrate, env, fastpath, ops, segments, tracing, wire
+from . import algorithms, calibrate, env, fastpath, ops, peer_memory, segments, tracing, wire
 from .algorithms import shm as shm_algorithm
 from .engine import Engine
 from .env import LaunchConfig
@@ -105,7 +105,8 @@ class Session:
             await self.client.connect(cfg.master_addr, cfg.port, deadline - loop.time())
             try:
                 welcome = await self.client.register(cfg.rank, cfg.world_size,
-                                                     cfg.local_rank, deadline - loop.time())
+                                                     cfg.local_rank, deadline - loop.time(),
+                                                     self._read_key())
                 break
             except (RendezvousError, PeerLostError) as e:
                 # reached the rendezvous of a previous init that is shutting down (it
@@ -115,7 +116,7 @@ class Session:
                     raise
                 await self.client.close(graceful=False)
                 await asyncio.sleep(0.05)
-        self.plan.set_nodes(welcome["nodes"])
+        self.plan.set_nodes(welcome["nodes"], welcome.get("reads"))
         nodes = self.plan.nodes
         agents = welcome.get("agents") or []
         me = nodes[cfg.rank]
@@ -123,6 +124,13 @@ class Session:
             if node != me and node < len(agents) and agents[node] is not None:
                 host, port = agents[node]
                 self.endpoint.remote[r] = (host or cfg.master_addr, port)
+
+    def _read_key(self) -> str | None:
+        """What a peer must share with this rank to read its vectors (None: no peer
+        reads; see :mod:`minidist.peer_memory`)."""
+        if not (self.plan.fast and env.single_copy_allowed(os.environ)):
+            return None
+        return peer_memory.key()
 
     async def close(self, graceful: bool = True) -> None:
         """Leave the job and close every socket. A hosted rendezvous first waits (up to
@@ -338,7 +346,7 @@ class Session:
                 lambda: engine._refusal(call, consume=False),
                 lambda: loop.call_soon_threadsafe(engine._report_stall, call),
                 lambda waiting: self._fast_timeout(call, waiting, loop),
-                lambda: bool(engine.lost or engine.left))
+                lambda: bool(engine.lost or engine.left), p.reads)
             if p.finish:
                 ops.finish(p.op, out, g.size)
             if p.user is not None:
@@ -356,7 +364,7 @@ class Session:
         tr = self.engine.tracer
         call = p.call
         start = tr.now()
-        args = {"collective": call.name, "algorithm": "shared_slots",
+        args = {"collective": call.name, "algorithm": call.algorithm_name,
                 "group": f"{call.group.id:#x}", "ranks": call.group.size, "call": call.seq,
                 "bytes": call.count * p.bufs["out"].itemsize, "count": call.count,
                 "dtype": str(p.bufs["out"].dtype), "path": "fast path"}
@@ -368,7 +376,7 @@ class Session:
             args["error"] = f"{type(e).__name__}: {e}"
             raise
         finally:
-            tr.span(f"{call.name} (shared_slots)", "collective", tr.tid(call.group), start,
+            tr.span(f"{call.name} ({call.algorithm_name})", "collective", tr.tid(call.group), start,
                     tr.now(), args)
 
     def _fast_timeout(self, call, waiting: list[int],

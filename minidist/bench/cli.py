@@ -200,15 +200,17 @@ def _predict(results: report.Results, names: list[str]) -> None:
 
 
 def _fast_path(collective: str, n: int, nbytes: int) -> bool:
-    """Whether a call of ``nbytes`` without algorithm= takes the fast path (shared slots
-    or their mid area) in a job of ``n`` processes of this node started from this
-    environment, instead of the chosen algorithm (as the planner decides)."""
+    """Whether a call of ``nbytes`` without algorithm= takes the fast path (shared slots,
+    their mid area, or reads of the peers' vectors) in a job of ``n`` processes of this
+    node started from this environment, instead of the chosen algorithm (as the planner
+    decides)."""
     import os
 
-    from .. import fastpath, segments
-    from ..env import fast_path_allowed
+    from .. import fastpath, peer_memory, segments
+    from ..env import fast_path_allowed, single_copy_allowed
 
-    return (fastpath.takes(collective, n, nbytes) and fastpath.available()
+    direct = single_copy_allowed(os.environ) and peer_memory.key() is not None
+    return (fastpath.takes(collective, n, nbytes, direct) and fastpath.available()
             and segments.available() and fast_path_allowed(os.environ)
             and not os.environ.get(f"MINIDIST_ALGO_{collective.upper()}"))
 

@@ -93,11 +93,13 @@ class RendezvousClient:
                 collective="init") from None
 
     async def register(self, rank: int, world_size: int, local_rank: int,
-                       timeout: float) -> dict[str, Any]:
-        """Announce this rank; return the welcome once every rank has arrived."""
+                       timeout: float, read_key: str | None = None) -> dict[str, Any]:
+        """Announce this rank (``read_key``: see :func:`minidist.peer_memory.key`); return
+        the welcome once every rank has arrived."""
         self._welcome = asyncio.get_running_loop().create_future()
         self._send({"t": "register", "rank": rank, "world_size": world_size,
-                    "local_rank": local_rank, "node": node_identity(), "pid": os.getpid()})
+                    "local_rank": local_rank, "node": node_identity(), "pid": os.getpid(),
+                    "reads": read_key})
         try:
             async with asyncio.timeout(timeout):
                 return await self._welcome

@@ -77,6 +77,7 @@ class _Client:
     rank: int = -1
     node: str = ""
     pid: int = 0
+    reads: str | None = None  # what a peer must share to read its memory (peer_memory)
     registered: bool = False
     said_bye: bool = False
     queries: dict[int, asyncio.Future] = field(default_factory=dict)
@@ -428,6 +429,8 @@ class RendezvousServer(Acceptor):
 
     def _admit(self, c: _Client, rank: int, b: dict[str, Any]) -> None:
         c.rank, c.node, c.pid, c.registered = rank, str(b.get("node", "")), b.get("pid", 0), True
+        reads = b.get("reads")
+        c.reads = reads if isinstance(reads, str) else None
         self._clients[rank] = c
         if len(self._clients) == self.world_size:
             self._welcome()
@@ -445,7 +448,8 @@ class RendezvousServer(Acceptor):
         where[self.node] = [None, self.port]
         agents = [where.get(node) for node in node_index]
         body = {"t": "welcome", "world_size": self.world_size, "nodes": nodes,
-                "agents": agents}
+                "agents": agents,
+                "reads": [self._clients[r].reads for r in range(self.world_size)]}
         raw = wire.encode_control(body)  # the same bytes for every rank: encoded once
         for c in self._clients.values():
             if c.channel.cid is None:

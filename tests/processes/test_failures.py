@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from minidist import segments
+from minidist import peer_memory, segments
 
 from .harness import SCRIPTS, Job, clean_env
 
@@ -81,6 +81,19 @@ def test_mid_size_all_reduces_through_shared_memory_stay_exact(n):
     assert job.out.count("MID STRESS OK") == n
 
 
+@pytest.mark.parametrize("n,reads", [(2, "on"), (3, "on"), (5, "on"), (3, "off")])
+def test_large_all_reduces_that_read_the_peers_stay_exact(n, reads):
+    """Above DIRECT_MIN each rank reduces its share straight from the others' vectors;
+    one rank with MINIDIST_SINGLE_COPY=0 ("off") makes every rank keep to the shared
+    segments, and the results are the same."""
+    if reads == "on" and peer_memory.key() is None:
+        pytest.skip("processes cannot read each other's memory here (process_vm_readv)")
+    with Job(n, SCRIPTS / "fast_reads_stress.py", reads) as job:
+        rc = job.wait(150)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    assert job.out.count("READS STRESS OK") == n
+
+
 @pytest.mark.parametrize("n", [2, 5])
 def test_ranks_waiting_in_small_calls_sleep(n):
     """Waiters spin (n=2 fits the two cores) or yield (n=5) only briefly, then sleep:
@@ -95,12 +108,13 @@ def test_ranks_waiting_in_small_calls_sleep(n):
 
 
 @pytest.mark.parametrize("victim,central_above,count",
-                         [(0, 1, 4), (2, 1, 4), (1, 64, 4), (2, 64, 300_000)])
+                         [(0, 1, 4), (2, 1, 4), (1, 64, 4), (2, 64, 300_000),
+                          (3, 64, 1_100_000)])
 def test_a_rank_killed_in_small_calls_is_reported_within_seconds(victim, central_above,
                                                                 count):
     """Through the shared slots, waiting on each peer or gathered at group rank 0 (whose
-    death leaves the others waiting on its release) alike, and through the mid area
-    (1.2 MB: five chunks, six barriers)."""
+    death leaves the others waiting on its release) alike, through the mid area (1.2 MB:
+    five chunks, six barriers), and in calls that read the peers' vectors (4.4 MB)."""
     with Job(4, SCRIPTS / "fast_kill.py", str(victim), str(central_above), str(count)
              ) as job:
         job.wait(90)
@@ -114,6 +128,9 @@ def test_a_rank_killed_in_small_calls_is_reported_within_seconds(victim, central
     (64, ("100000", "99999")),  # both through the mid area, different chunk counts
     (64, ("100000", "3")),  # the mid area against a slot
     (1, ("3", "100000")),  # a slot of a gathering group against the mid area
+    (64, ("1100000", "1099999")),  # both read the peers' vectors, different counts
+    (64, ("1100000", "300000")),  # reads against the mid area
+    (64, ("3", "1100000")),  # a slot against reads
 ])
 def test_small_calls_that_disagree_fail_on_every_rank(central_above, counts):
     with Job(4, SCRIPTS / "fast_mismatch.py", str(central_above), *counts) as job:
