@@ -98,7 +98,7 @@ import platform
 import struct
 import threading
 import time
-from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -238,13 +238,28 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-class Slots:
-    """One group's fast slots in a shared mapping, seen from group rank ``me``.
+class Hooks(Protocol):
+    """What a fast call asks its session while it waits (from the caller's thread)."""
 
-    ``gone()`` returns an error for a member that died or left (or None); ``broken()``
-    the error that made the group unusable (or None); ``stalled()`` is called once when
-    a call has waited :data:`STALL_REPORT` seconds.
-    """
+    def gone(self, group: Group, rank: int) -> DistError | None:
+        """The error for global ``rank`` of ``group``, which died or left (or None)."""
+
+    def broken(self, call) -> DistError | None:
+        """The error that made ``call``'s group unusable (an abort; or None)."""
+
+    def anyone_gone(self) -> bool:
+        """Cheaply: whether ``gone`` could answer for any rank at all."""
+
+    def stalled(self, call) -> None:
+        """``call`` has waited :data:`STALL_REPORT` seconds (called once)."""
+
+    def timed_out(self, call, waiting: list[int]) -> DistError:
+        """The error of ``call`` past its deadline while ranks ``waiting`` had not
+        arrived."""
+
+
+class Slots:
+    """One group's fast slots in a shared mapping, seen from group rank ``me``."""
 
     def __init__(self, buf, group: Group, me: int) -> None:
         self.group = group
@@ -280,19 +295,13 @@ class Slots:
         return _SIG.unpack_from(self.mem, at)
 
     def run(self, f: int, call, out: np.ndarray, src: np.ndarray, op: ReduceOp,
-            deadline: float, gone: Callable[[int], DistError | None],
-            broken: Callable[[], DistError | None], stalled: Callable[[], None],
-            timed_out: Callable[[list[int]], DistError],
-            anyone_gone: Callable[[], bool] | None = None, reads: bool = False) -> None:
+            deadline: float, hooks: Hooks, reads: bool = False) -> None:
         """Run fast call number ``f`` of the group (calls run in that order): ``src`` is
         this rank's contribution (the root's data for a broadcast, nothing for a
-        barrier), ``out`` where the result goes. ``timed_out(waiting)`` makes the error
-        of a deadline passed while ranks ``waiting`` had not written their slots.
-        ``anyone_gone()``, where given, says cheaply whether ``gone`` could answer for
-        any rank at all (else every waiter that goes to sleep asks it about each rank
-        that has not arrived). ``reads``: an all_reduce that reads the peers' vectors
-        (:func:`reads_peers`; every rank of the call says the same)."""
-        waits = (deadline, gone, broken, stalled, timed_out, anyone_gone)
+        barrier), ``out`` where the result goes; a wait past ``deadline``, a peer gone
+        or an abort raises (``hooks`` say which). ``reads``: an all_reduce that reads the
+        peers' vectors (:func:`reads_peers`; every rank of the call says the same)."""
+        waits = (deadline, hooks, call)
         if reads:
             self._run_reads(f, call, out, src, op, waits)
             return
@@ -433,7 +442,7 @@ class Slots:
             raise self._mismatch(call, differs, self._sig(differs, parity))
         peers = [_WHERE.unpack(self._payload(r, parity, _WHERE.size).tobytes())
                  for r in range(n)]
-        gone = waits[1]
+        hooks = waits[1]
 
         def read(r: int, into: np.ndarray, at: int) -> None:
             pid = peers[r][0]
@@ -441,7 +450,7 @@ class Slots:
                 peer_memory.read(pid, into.ctypes.data, at, into.nbytes)
             except OSError as e:
                 rank = self.group.ranks[r]
-                err = gone(rank)
+                err = hooks.gone(self.group, rank)
                 if err is not None:
                     raise err from None
                 if e.errno == errno.ESRCH:
@@ -515,8 +524,7 @@ class Slots:
             futex_wake(self.base + word * 4)
 
     def _wait(self, word: int, want: int, flag: int | None, releaser: int | None,
-              parity: int, number: int, deadline: float, gone, broken, stalled,
-              timed_out, anyone_gone) -> None:
+              parity: int, number: int, deadline: float, hooks: Hooks, call) -> None:
         """Until the int32 ``word`` holds ``want``, for fast call ``number`` (on
         ``parity``). ``flag``: the word where a sleeper says so (None: the writer wakes
         without being told); ``releaser``: the group rank that must store the word (also
@@ -553,16 +561,16 @@ class Slots:
             seen = int(words[word])
             if seen == want:
                 return
-            err = broken()
-            if err is None and (anyone_gone is None or anyone_gone()):
+            err = hooks.broken(call)
+            if err is None and hooks.anyone_gone():
                 # any member that has not written and never will
                 for other in range(self.size):
                     if other != self.me and words[self._word(other, parity)] != number:
-                        err = gone(self.group.ranks[other])
+                        err = hooks.gone(self.group, self.group.ranks[other])
                         if err is not None:
                             break
             if err is None and releaser is not None:
-                err = gone(self.group.ranks[releaser])
+                err = hooks.gone(self.group, self.group.ranks[releaser])
             if err is not None and words[word] != want:  # not written just now
                 raise err
             now = time.monotonic()
@@ -570,10 +578,10 @@ class Slots:
                 missing = self._missing(parity, number)
                 if not missing and releaser is not None:  # arrived, did not release
                     missing = [self.group.ranks[releaser]]
-                raise timed_out(missing)
+                raise hooks.timed_out(call, missing)
             if not reported and now - start >= STALL_REPORT:
                 reported = True
-                stalled()
+                hooks.stalled(call)
             if flag is not None:
                 words[flag] = 1  # then the kernel's lock, then its look at the word
             futex_wait(addr, seen, min(SLICE, deadline - now))

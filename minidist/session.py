@@ -34,6 +34,33 @@ from .transport.endpoint import Endpoint
 from .transport.mailbox import Mailbox
 
 
+class _FastHooks:
+    """What a fast call asks the session while it waits (:class:`fastpath.Hooks`), from
+    the caller's thread; the loop's part is handed to ``loop``."""
+
+    __slots__ = ("session", "loop")
+
+    def __init__(self, session: Session, loop: asyncio.AbstractEventLoop) -> None:
+        self.session = session
+        self.loop = loop
+
+    def gone(self, group: Group, rank: int) -> DistError | None:
+        return self.session._fast_refusal(group, rank)
+
+    def broken(self, call) -> DistError | None:
+        return self.session.engine._refusal(call, consume=False)
+
+    def anyone_gone(self) -> bool:
+        engine = self.session.engine
+        return bool(engine.lost or engine.left)
+
+    def stalled(self, call) -> None:
+        self.loop.call_soon_threadsafe(self.session.engine._report_stall, call)
+
+    def timed_out(self, call, waiting: list[int]) -> DistError:
+        return self.session._fast_timeout(call, waiting, self.loop)
+
+
 class Session:
     """One rank of one job on the current event loop."""
 
@@ -63,7 +90,9 @@ class Session:
         self._fast: dict[int, fastpath.Slots] = {}
         self._fast_maps: list[object] = []
         self._fast_turn: dict[int, int] = {}  # per group: the fast call whose turn it is
-        self._fast_cond = threading.Condition()
+        self._fast_cond = threading.Condition(threading.Lock())
+        self._fast_waiting = 0  # threads waiting for their fast call's turn
+        self._fast_hooks: _FastHooks | None = None
         self._fast_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._fast_setups: dict[int, asyncio.Future] = {}
         self._segments: dict[int, object] = {}
@@ -323,12 +352,22 @@ class Session:
         g = call.group
         engine = self.engine
         deadline = time.monotonic() + self.timeout_of(g)
-        with self._fast_cond:
-            if not self._fast_cond.wait_for(lambda: self._fast_turn.get(g.id, 0) == p.fast,
-                                            max(0.0, deadline - time.monotonic())):
+        turns = self._fast_turn
+        if turns.get(g.id, 0) != p.fast:  # an earlier call on the group is running
+            with self._fast_cond:
+                self._fast_waiting += 1
+                try:
+                    ok = self._fast_cond.wait_for(lambda: turns.get(g.id, 0) == p.fast,
+                                                  max(0.0, deadline - time.monotonic()))
+                finally:
+                    self._fast_waiting -= 1
+            if not ok:
                 raise DistTimeoutError(f"{call.name} on {g!r} (call #{call.seq}) timed out "
                                        "behind this rank's earlier calls on the group",
                                        collective=call.name, group=g)
+        hooks = self._fast_hooks
+        if hooks is None or hooks.loop is not loop:
+            hooks = self._fast_hooks = _FastHooks(self, loop)
         try:
             refused = engine._refusal(call, consume=False)
             if refused is not None:
@@ -340,13 +379,7 @@ class Session:
                 src = p.bufs["in"]
             else:
                 src = out[:0]
-            self._fast[g.id].run(
-                p.fast, call, out, src, p.op, deadline,
-                lambda r: self._fast_refusal(g, r),
-                lambda: engine._refusal(call, consume=False),
-                lambda: loop.call_soon_threadsafe(engine._report_stall, call),
-                lambda waiting: self._fast_timeout(call, waiting, loop),
-                lambda: bool(engine.lost or engine.left), p.reads)
+            self._fast[g.id].run(p.fast, call, out, src, p.op, deadline, hooks, p.reads)
             if p.finish:
                 ops.finish(p.op, out, g.size)
             if p.user is not None:
@@ -355,9 +388,12 @@ class Session:
             loop.call_soon_threadsafe(engine.fast_failed, call, e)
             raise
         finally:
-            with self._fast_cond:
-                self._fast_turn[g.id] = p.fast + p.fast_numbers
-                self._fast_cond.notify_all()
+            # the turn is stored before the count of waiters is read, and a waiter counts
+            # itself before it reads the turn: one of them sees the other
+            turns[g.id] = p.fast + p.fast_numbers
+            if self._fast_waiting:
+                with self._fast_cond:
+                    self._fast_cond.notify_all()
 
     def _run_fast_traced(self, p: Prepared, loop: asyncio.AbstractEventLoop) -> None:
         """:meth:`run_fast`, recorded as one slice (MINIDIST_TRACE)."""
