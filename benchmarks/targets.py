@@ -9,8 +9,9 @@ Targets (all_reduce of float32 on the processes of this node unless named):
 * barrier, n = 64: at most 2 ms.
 
 Every run is one ``minidist bench ... --json`` invocation (minidist, then gloo, then
-MPI if ``--vs`` says so): one from 4 B to 1 MiB with many calls per size, one from 4 to
-64 MiB with few. A target's verdict uses the median of its values over the repeats,
+MPI if ``--vs`` says so): one from 4 B to 1 MiB with many calls per size (after 500
+untimed ones: the first size's times settle only after a few hundred calls), one from 4
+to 64 MiB with few. A target's verdict uses the median of its values over the repeats,
 and the table shows the ratios' min and max, so a noisy neighbour shows as a spread.
 After the targets, every size of every run as medians (``--rows``: a markdown table).
 
@@ -66,7 +67,7 @@ def runs(ns: list[int], only: set[str]) -> list[tuple[str, list[str], list[tuple
         if "small" in only:
             out.append((f"all_reduce 4 B - 1 MiB n={n}",
                         ["all_reduce", "-n", str(n), "--min-bytes", "4", "--max-bytes", "1M",
-                         "--factor", "4", "--iters", "300", "--warmup", "50"], small))
+                         "--factor", "4", "--iters", "300", "--warmup", "500"], small))
         if "large" in only:
             out.append((f"all_reduce 4 - 64 MiB n={n}",
                         ["all_reduce", "-n", str(n), "--min-bytes", "4M", "--max-bytes",
