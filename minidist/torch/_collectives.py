@@ -173,7 +173,8 @@ def _gpu_only(what: str, *ts: Any) -> None:
 
 @_ordered
 def all_reduce(t: torch.Tensor, op: Any, g: Group | None, blocking: bool = False) -> Work:
-    op = to_op(op)
+    if type(op) is not ReduceOp:
+        op = to_op(op)
     arr, post = plain_view(t), None  # the common case first
     if arr is None:
         if isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo:
@@ -182,7 +183,10 @@ def all_reduce(t: torch.Tensor, op: Any, g: Group | None, blocking: bool = False
             nw = _native().all_reduce(t, op, g, async_op=True)
             return _gpu_work(nw, None, [t], "all_reduce", t.device)
         arr, post = as_output(t, "all_reduce", reduce=True)
-    item = md.door().plan.prepare_all_reduce(arr, op, g, None)
+    d = md.door()
+    item = d.plan.prepare_all_reduce(arr, op, g, None)
+    if blocking and item.fast >= 0:  # as _issue, without its checks: a Prepared
+        return Blocking(d, item, post)
     return _issue(item, post, [t], "all_reduce", blocking)
 
 

@@ -98,11 +98,16 @@ def as_input(t: torch.Tensor, what: str, reduce: bool = False) -> np.ndarray:
 
 def plain_view(t: object) -> np.ndarray | None:
     """The numpy view of a plain CPU tensor (dense, contiguous, of a numpy dtype, not
-    requiring grad), checked in one go; None for any other tensor or object."""
-    if (type(t) is torch.Tensor and t.is_cpu and t.layout == torch.strided
-            and not t.requires_grad and t.dtype in _NUMPY and _plain(t)):
-        return t.numpy()
-    return None
+    requiring grad); None for any other tensor or object. ``Tensor.numpy()`` refuses
+    every other kind of tensor itself (another device or layout, a dtype numpy lacks,
+    autograd, the conjugate and negative bits), so the common case costs one call."""
+    if type(t) is not torch.Tensor:
+        return None
+    try:
+        arr = t.numpy()
+    except (TypeError, RuntimeError, NotImplementedError, ValueError):
+        return None
+    return arr if arr.flags.c_contiguous else None
 
 
 def as_output(t: torch.Tensor, what: str, reduce: bool = False) -> tuple[np.ndarray, Post]:
