@@ -345,7 +345,7 @@ def all_reduce(tensor: torch.Tensor, op: Any = md.ReduceOp.SUM, group: Any = Non
     g = _group(group)
     if _skip(g, "all_reduce"):
         return None
-    return _done(C.all_reduce(tensor, op, g, blocking=not async_op), async_op)
+    return _done(C.all_reduce(tensor, op, g, not async_op), async_op)
 
 
 def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None,

@@ -171,22 +171,33 @@ def _gpu_only(what: str, *ts: Any) -> None:
 # ---------------------------------------------------------------------- collectives
 
 
-@_ordered
-def all_reduce(t: torch.Tensor, op: Any, g: Group | None, blocking: bool = False) -> Work:
+def all_reduce(t: torch.Tensor, op: Any, g: Group | None,
+               blocking: bool = False) -> Work | Blocking:
     if type(op) is not ReduceOp:
         op = to_op(op)
-    arr, post = plain_view(t), None  # the common case first
+    arr = plain_view(t)
     if arr is None:
-        if isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo:
-            return sparse_all_reduce(t, op, g)
-        if _on_gpu(t):
-            nw = _native().all_reduce(t, op, g, async_op=True)
-            return _gpu_work(nw, None, [t], "all_reduce", t.device)
-        arr, post = as_output(t, "all_reduce", reduce=True)
+        return _all_reduce_other(t, op, g, blocking)
+    # the common case: only the planning and the start hold the order lock
     d = md.door()
-    item = d.plan.prepare_all_reduce(arr, op, g, None)
-    if blocking and item.fast >= 0:  # as _issue, without its checks: a Prepared
-        return Blocking(d, item, post)
+    with _order:
+        item = d.plan.prepare_all_reduce(arr, op, g, None)
+        if not blocking or item.fast < 0:
+            return _issue(item, None, [t], "all_reduce", blocking)
+    return Blocking(d, item, None)
+
+
+@_ordered
+def _all_reduce_other(t: Any, op: ReduceOp, g: Group | None,
+                      blocking: bool) -> Work | Blocking:
+    """all_reduce of anything but a plain CPU tensor (sparse, CUDA, a copy's tensor)."""
+    if isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo:
+        return sparse_all_reduce(t, op, g)
+    if _on_gpu(t):
+        nw = _native().all_reduce(t, op, g, async_op=True)
+        return _gpu_work(nw, None, [t], "all_reduce", t.device)
+    arr, post = as_output(t, "all_reduce", reduce=True)
+    item = md.door().plan.prepare_all_reduce(arr, op, g, None)
     return _issue(item, post, [t], "all_reduce", blocking)
 
 
