@@ -130,6 +130,7 @@ SLICE = 0.1  # seconds a waiter sleeps at most between checks
 STALL_REPORT = 1.0
 _SIG = struct.Struct("<iiiiqqI")  # kind, dtype, op, root, count, seq, shape
 _WHERE = struct.Struct("<qqq")  # a rank that is read: its pid, its vector, its result
+_NOTHING = np.empty(0, np.uint8)  # the payload of a barrier
 
 _SYS_FUTEX = {"x86_64": 202, "AMD64": 202}.get(platform.machine())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
@@ -207,11 +208,10 @@ def takes(collective: str, size: int, nbytes: int, direct: bool = False) -> bool
     ranks; all_reduce up to MID_BYTES on up to MID_RANKS ranks; with ``direct`` (the
     ranks can read each other's memory), every all_reduce above DIRECT_MIN on up to
     MAX_RANKS ranks."""
-    if collective == "all_reduce":
-        if direct and nbytes > DIRECT_MIN and size <= MAX_RANKS:
-            return True
-        if nbytes <= MID_BYTES and size <= MID_RANKS:
-            return True
+    if collective == "all_reduce" and (
+            (reads_peers(collective, nbytes, direct) and size <= MAX_RANKS)
+            or (nbytes <= MID_BYTES and size <= MID_RANKS)):
+        return True
     return collective in FAST_COLLECTIVES and nbytes <= SLOT_BYTES and size <= MAX_RANKS
 
 
@@ -379,7 +379,6 @@ class Slots:
         chunk = MID_CHUNK // out.itemsize
         count = out.size
         m = -(-count // chunk)
-        empty = np.empty(0, np.uint8)
 
         def bounds(j: int, r: int) -> tuple[int, int, int, int]:
             lo, hi = j * chunk, min(count, (j + 1) * chunk)
@@ -404,14 +403,8 @@ class Slots:
 
         copy_in(0)
         for j in range(m + 1):
-            parity, number = (f + j) % 2, (f + j + 1) & 0x7FFFFFFF
-            mine = self._publish(parity, number, call, empty)
-            self._meet(parity, number, (parity, number, *waits))
-            if j == 0:
-                differs = self._differing(mine, parity)
-                if differs is not None:
-                    raise self._mismatch(call, differs, self._sig(differs, parity))
-            else:
+            self._barrier(f + j, call, _NOTHING, waits, check=j == 0)
+            if j:
                 lo, hi, _, _ = bounds(j - 1, me)
                 out[lo:hi] = self._mid((j - 1) % 2, n, dt)[:hi - lo]
             if j < m:
@@ -419,13 +412,17 @@ class Slots:
             if j + 1 < m:
                 copy_in(j + 1)
 
-    def _barrier(self, f: int, call, data: np.ndarray, waits: tuple) -> tuple:
-        """Fast call number ``f`` as a barrier that publishes ``data``; this rank's
-        signature."""
+    def _barrier(self, f: int, call, data: np.ndarray, waits: tuple,
+                 check: bool = False) -> None:
+        """Fast call number ``f`` as a barrier that publishes ``data``; with ``check``,
+        CollectiveMismatchError unless every rank's signature is this rank's."""
         parity, number = f % 2, (f + 1) & 0x7FFFFFFF
         mine = self._publish(parity, number, call, data)
         self._meet(parity, number, (parity, number, *waits))
-        return mine
+        if check:
+            differs = self._differing(mine, parity)
+            if differs is not None:
+                raise self._mismatch(call, differs, self._sig(differs, parity))
 
     def _run_reads(self, f: int, call, out: np.ndarray, src: np.ndarray, op: ReduceOp,
                    waits: tuple) -> None:
@@ -435,12 +432,8 @@ class Slots:
         vec = np.ascontiguousarray(src)  # what the others read
         res = out if out.flags.c_contiguous else np.empty_like(out)
         where = _WHERE.pack(os.getpid(), vec.ctypes.data, res.ctypes.data)
-        mine = self._barrier(f, call, np.frombuffer(where, np.uint8), waits)
-        parity = f % 2
-        differs = self._differing(mine, parity)
-        if differs is not None:
-            raise self._mismatch(call, differs, self._sig(differs, parity))
-        peers = [_WHERE.unpack(self._payload(r, parity, _WHERE.size).tobytes())
+        self._barrier(f, call, np.frombuffer(where, np.uint8), waits, check=True)
+        peers = [_WHERE.unpack(self._payload(r, f % 2, _WHERE.size).tobytes())
                  for r in range(n)]
         hooks = waits[1]
 
@@ -488,12 +481,12 @@ class Slots:
             for part in parts[2:-1]:
                 ops.reduce_into(op, acc, acc, part)
             ops.reduce_into(op, res[lo:hi], acc, parts[-1])  # the one write of the share
-        self._barrier(f + 1, call, res[:0].view(np.uint8), waits)
+        self._barrier(f + 1, call, _NOTHING, waits)
         for r in range(n):  # every other share, from the rank that reduced it
             if r != me:
                 lo, hi = count * r // n, count * (r + 1) // n
                 read(r, res[lo:hi], peers[r][2] + lo * item)
-        self._barrier(f + 2, call, res[:0].view(np.uint8), waits)  # nobody reads us now
+        self._barrier(f + 2, call, _NOTHING, waits)  # nobody reads us now
         if res is not out:
             np.copyto(out, res)
 

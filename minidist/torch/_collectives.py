@@ -190,7 +190,8 @@ def all_reduce(t: torch.Tensor, op: Any, g: Group | None,
 @_ordered
 def _all_reduce_other(t: Any, op: ReduceOp, g: Group | None,
                       blocking: bool) -> Work | Blocking:
-    """all_reduce of anything but a plain CPU tensor (sparse, CUDA, a copy's tensor)."""
+    """all_reduce of anything but a plain CPU tensor: sparse, CUDA, or one that minidist
+    reduces through a copy (strided, bfloat16, requiring grad)."""
     if isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo:
         return sparse_all_reduce(t, op, g)
     if _on_gpu(t):

@@ -89,7 +89,7 @@ def test_large_all_reduces_that_read_the_peers_stay_exact(n, reads):
     if reads == "on" and peer_memory.key() is None:
         pytest.skip("processes cannot read each other's memory here (process_vm_readv)")
     with Job(n, SCRIPTS / "fast_reads_stress.py", reads) as job:
-        rc = job.wait(150)
+        rc = job.wait(110)
     assert rc == 0, job.out[-2000:] + job.err[-3000:]
     assert job.out.count("READS STRESS OK") == n
 
