@@ -14,6 +14,21 @@ def data(r: int, i: int, count: int, dt: np.dtype) -> np.ndarray:
     return rng.integers(-50, 50, count).astype(dt)
 
 
+_UFUNC = {minidist.ReduceOp.SUM: np.add, minidist.ReduceOp.MAX: np.maximum,
+          minidist.ReduceOp.PRODUCT: np.multiply, minidist.ReduceOp.AVG: np.add}
+
+
+def expected(members: list[int], i: int, count: int, dt: np.dtype,
+             op: minidist.ReduceOp) -> np.ndarray:
+    """Call ``i``'s data of ``members`` reduced in rank order (AVG: then divided)."""
+    want = data(members[0], i, count, dt)
+    for r in members[1:]:
+        want = _UFUNC[op](want, data(r, i, count, dt))
+    if op == minidist.ReduceOp.AVG:
+        want = want / np.asarray(len(members), dt)
+    return want
+
+
 def check(i: int, mine: np.ndarray, want: np.ndarray, op: minidist.ReduceOp,
           group) -> None:
     """all_reduce ``mine`` (through a strided view when ``i % 5 == 0``) and assert that

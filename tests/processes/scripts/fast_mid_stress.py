@@ -4,7 +4,7 @@ in-place and strided arrays. Every result must equal the reduction in rank order
 for bit, on every rank."""
 
 import numpy as np
-from exact_reduce import check, data
+from exact_reduce import check, data, expected
 
 import minidist
 from minidist import fastpath
@@ -27,11 +27,7 @@ for i in range(60):
     group = None if i % 4 else sub
     if rank not in members:
         continue
-    want = data(members[0], i, count, dt)
-    for r in members[1:]:
-        ufunc = {minidist.ReduceOp.SUM: np.add, minidist.ReduceOp.MAX: np.maximum,
-                 minidist.ReduceOp.PRODUCT: np.multiply}[op]
-        want = ufunc(want, data(r, i, count, dt))
+    want = expected(members, i, count, dt, op)
     mine = data(rank, i, count, dt)
     check(i, mine, want, op, group)
     small = np.array([rank], np.int32)

@@ -9,7 +9,7 @@ import os
 import sys
 
 import numpy as np
-from exact_reduce import check, data
+from exact_reduce import check, data, expected
 
 import minidist
 from minidist import fastpath
@@ -26,8 +26,6 @@ piece = fastpath.DIRECT_CHUNK
 SIZES = [base + 8, base + 4 * n * piece + 24, 3 * base + 40, base + 8 * (n - 1)]
 OPS = [minidist.ReduceOp.SUM, minidist.ReduceOp.MAX, minidist.ReduceOp.PRODUCT,
        minidist.ReduceOp.AVG]
-UFUNC = {minidist.ReduceOp.SUM: np.add, minidist.ReduceOp.MAX: np.maximum,
-         minidist.ReduceOp.PRODUCT: np.multiply, minidist.ReduceOp.AVG: np.add}
 
 
 plan = door()._session.plan
@@ -43,11 +41,7 @@ for i in range(24):
     group = None if i % 3 else sub
     if rank not in members:
         continue
-    want = data(members[0], i, count, dt)
-    for r in members[1:]:
-        want = UFUNC[op](want, data(r, i, count, dt))
-    if op == minidist.ReduceOp.AVG:
-        want = want / np.asarray(len(members), dt)
+    want = expected(members, i, count, dt, op)
     mine = data(rank, i, count, dt)
     g = plan.world if group is None else group
     paths.add(plan._can_read(g))
