@@ -4,9 +4,12 @@ A front end plans a call with ``door.plan`` (pure: argument checks, numbering, t
 algorithm) and passes the planned call through the door, which starts it and finishes
 it on the session's event loop. The thread boundary is drawn here and nowhere else:
 
-* on the caller's thread, in call order: planning, then the fast path — the call's first
+* on the caller's thread, in call order: planning, then the fast paths — the call's first
   small frames (or a whole small message) written straight to peers already connected
-  over a Unix socket, so they need not wait for the loop to wake up;
+  over a Unix socket, so they need not wait for the loop to wake up; small collectives
+  through shared slots (:mod:`minidist.fastpath`); small messages to and blocking
+  receives from ranks of this node through shared-memory inboxes
+  (:mod:`minidist.fast_p2p`);
 * on the loop: everything else (:meth:`Session.execute`, :meth:`Session.send`,
   :meth:`Session.recv`).
 
@@ -23,6 +26,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from .errors import DistError, DistTimeoutError
+from .fast_p2p import NOT_TAKEN
 from .group import NON_GROUP_MEMBER, Group
 from .plan import P2P, Planner, Prepared
 from .runtime import Runtime
@@ -129,7 +133,8 @@ class Door:
                     not item.schedule.shared_tmp:
                 item.sent = s.engine.send_first(item.call, item.schedule, item.bufs, loop)
             return False
-        return item.sending and loop is not None and s.engine.send_p2p_now(item, loop)
+        return item.sending and loop is not None and (
+            (s.p2p is not None and s.p2p.send(item, loop)) or s.engine.send_p2p_now(item, loop))
 
     def _finish(self, item: Planned) -> Coroutine[Any, Any, Any]:
         """The loop's part."""
@@ -146,7 +151,13 @@ class Door:
             return None
         if self._start(item):
             return None
-        return self._blocking().call(self._finish(item))
+        runtime = self._blocking()
+        if isinstance(item, P2P) and not item.sending and item.peer >= 0 and \
+                self._session.p2p is not None:  # from a rank of this node: shared memory
+            got = self._session.p2p.recv(item, runtime.loop)
+            if got is not NOT_TAKEN:
+                return got
+        return runtime.call(self._finish(item))
 
     def submit(self, item: Planned) -> concurrent.futures.Future:
         """Start ``item``; the future completes with it (a Work's handle)."""

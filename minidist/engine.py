@@ -102,6 +102,8 @@ class Engine:
         self.tracer: Tracer | None = None
         mailbox.on_mismatch = self._frame_mismatch
         mailbox.on_unexpected = self._unexpected
+        # called on the loop before a point-to-point receive or probe waits here
+        self.before_receive: Callable[[], None] = lambda: None
 
     def attach(self, endpoint: Endpoint, control: Control) -> None:
         """Connect the engine to this rank's endpoint and the job's control plane (a
@@ -417,6 +419,27 @@ class Engine:
         finally:
             self._active.discard(a)
 
+    def p2p_check(self, p, h: wire.Header) -> Exception | None:
+        """The error a receive ``p`` gets for the message with header ``h`` (it does not
+        fit), or None."""
+        me = self.rank
+        obj = bool(h.flags & FLAG_OBJECT)
+        if obj != p.is_object:
+            return CollectiveMismatchError(
+                f"recv on rank {me} from rank {h.src} ({tag_name(p.tag)}): rank {h.src} "
+                f"sent {'an object' if obj else 'an array'} but this rank expects "
+                f"{'an object' if p.is_object else 'an array'}")
+        if obj or (h.dtype == ops.dtype_code(p.flat.dtype) and h.count == p.flat.size
+                   and h.shape == p.shape):
+            return None
+        theirs = Call(wire.Kind.P2P, p.group, p.seq, h.dtype, 0, 0, "", -1, h.count,
+                      h.shape)
+        return CollectiveMismatchError(
+            f"recv on rank {me} from rank {h.src} ({tag_name(p.tag)}): the message does "
+            f"not fit the buffer: sent {theirs.describe(h)[4:]}, buffer is "
+            f"count={p.flat.size}, dtype={p.flat.dtype} (shape digest "
+            f"{'differs' if h.shape != p.shape else 'equal'}); the buffer is unchanged")
+
     async def recv_p2p(self, p, timeout: float) -> bytes | None:
         """Receive one point-to-point message into ``p.flat`` (or, for an object, return
         its bytes); ``p.source`` is then its sender. ``p.peer`` -1: from any rank of the
@@ -424,27 +447,13 @@ class Engine:
         untouched, if the message does not fit."""
         if self.rendezvous_lost is not None:
             raise self._no_rendezvous("recv")
+        self.before_receive()
         me = self.rank
         anyone = p.peer < 0
         where = "any rank" if anyone else f"rank {p.peer}"
 
         def check(h: wire.Header) -> Exception | None:
-            obj = bool(h.flags & FLAG_OBJECT)
-            if obj != p.is_object:
-                return CollectiveMismatchError(
-                    f"recv on rank {me} from rank {h.src} ({tag_name(p.tag)}): rank {h.src} "
-                    f"sent {'an object' if obj else 'an array'} but this rank expects "
-                    f"{'an object' if p.is_object else 'an array'}")
-            if obj or (h.dtype == ops.dtype_code(p.flat.dtype) and h.count == p.flat.size
-                       and h.shape == p.shape):
-                return None
-            theirs = Call(wire.Kind.P2P, p.group, p.seq, h.dtype, 0, 0, "", -1, h.count,
-                          h.shape)
-            return CollectiveMismatchError(
-                f"recv on rank {me} from rank {h.src} ({tag_name(p.tag)}): the message does "
-                f"not fit the buffer: sent {theirs.describe(h)[4:]}, buffer is "
-                f"count={p.flat.size}, dtype={p.flat.dtype} (shape digest "
-                f"{'differs' if h.shape != p.shape else 'equal'}); the buffer is unchanged")
+            return self.p2p_check(p, h)
 
         view = None if p.flat is None else _bytes(p.flat)
         a = self._enter(p.group, peer=p.peer)
@@ -504,6 +513,7 @@ class Engine:
         would take now, without receiving it; with ``timeout`` None, None if none has
         arrived, else wait for one (DistTimeoutError after ``timeout`` seconds)."""
         gid = group.id
+        self.before_receive()
 
         def expected(r: int) -> int:
             return self._p2p_seq.get((gid, r, tag, False), 0)

@@ -23,6 +23,7 @@ from .algorithms import shm as shm_algorithm
 from .engine import Engine
 from .env import LaunchConfig
 from .errors import DistError, DistTimeoutError, PeerLostError, RendezvousError
+from .fast_p2p import FastP2P
 from .group import Group
 from .plan import FAST_TAG, P2P, SHM_TAG, Planner, Prepared
 from .rendezvous.agent import NodeAgent
@@ -96,6 +97,7 @@ class Session:
         self._fast_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._fast_setups: dict[int, asyncio.Future] = {}
         self._segments: dict[int, object] = {}
+        self.p2p: FastP2P | None = None  # small messages on this node through shared memory
         self._pool: dict[tuple[np.dtype, int], list[np.ndarray]] = {}
         self._shm_locks: dict[int, asyncio.Lock] = {}
         self._shm_turns: dict[int, int] = {}  # shared-memory calls per group so far
@@ -153,6 +155,8 @@ class Session:
             if node != me and node < len(agents) and agents[node] is not None:
                 host, port = agents[node]
                 self.endpoint.remote[r] = (host or cfg.master_addr, port)
+        if self.plan.fast and nodes.count(me) > 1:
+            self.p2p = FastP2P(self)
 
     def _read_key(self) -> str | None:
         """What a peer must share with this rank to read its vectors (None: no peer
@@ -166,6 +170,8 @@ class Session:
         the timeout) for the other ranks to leave."""
         if self.engine.tracer is not None:
             self.engine.tracer.flush()
+        if self.p2p is not None:
+            self.p2p.close()
         self._fast.clear()
         for seg in [*self._segments.values(), *self._fast_maps]:
             with contextlib.suppress(BufferError):

@@ -17,6 +17,7 @@ examples:
   minidist bench all_reduce -n 4 --min-bytes 4 --max-bytes 64M --factor 4 --vs gloo,mpi
   minidist bench broadcast -n 8 --min-bytes 16M --max-bytes 16M --vs gloo --json out.json
   minidist bench barrier -n 64 --vs gloo --plot barrier.png
+  minidist bench pingpong -n 2 -b 8 -e 64K -f 8 --vs gloo,mpi
   minidist bench all_reduce -n 4 -b 4K -e 1M -f 4 --algorithm all --predict
   minidist bench all_reduce -n 8 --algorithm mine:rabenseifner,ring --predict
   minidist bench all_to_all -n 8 -b 64 -e 16M -f 4 --algorithm all --predict
@@ -95,6 +96,8 @@ def run_bench(a: argparse.Namespace) -> int:
         return _fail("-n must be at least 1")
     if a.iters < 1 or a.warmup < 0:
         return _fail("--iters must be at least 1 and --warmup at least 0")
+    if a.collective == "pingpong" and (a.algorithm or a.predict or a.algo_module):
+        return _fail("pingpong is point-to-point: it has no algorithm to choose or predict")
     try:
         names, modules = _algorithms(a)
     except (ImportError, ValueError) as e:

@@ -10,6 +10,9 @@ Conventions are those of nccl-tests, so that the numbers read the same way:
   factor ``2(n-1)/n`` for all_reduce, ``(n-1)/n`` for all_gather, reduce_scatter and
   all_to_all and 1 for broadcast. busbw is comparable across n: it is what each rank's link carried.
 * ``time`` is the mean time of one iteration on a rank, the largest over the ranks.
+* ``pingpong`` is point-to-point: each even rank sends ``size`` bytes to the next odd
+  rank, which sends them back; ``time`` is one round trip and busbw = algbw x 2 (two
+  messages of ``size`` per round trip).
 
 The ratio column ``x SYSTEM`` is ``SYSTEM time / minidist time``. For the same size and
 n this is also ``minidist busbw / SYSTEM busbw`` (the factor and the size cancel), so one
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
-               "barrier")
+               "barrier", "pingpong")
 SYSTEMS = ("minidist", "gloo", "mpi")
 # dtypes that numpy, torch (gloo) and MPI all carry
 DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64")
@@ -128,6 +131,8 @@ def bus_factor(collective: str, n: int) -> float | None:
         return (n - 1) / n
     if collective == "broadcast":
         return 1.0
+    if collective == "pingpong":
+        return 2.0
     if collective == "barrier":
         return None
     raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
@@ -243,8 +248,11 @@ def header_lines(r: Results) -> list[str]:
     if r.machine:
         lines.append("# machine: " + machine_line(r.machine))
     factor = {"all_reduce": "2(n-1)/n", "all_gather": "(n-1)/n", "reduce_scatter": "(n-1)/n",
-              "all_to_all": "(n-1)/n", "broadcast": "1"}.get(r.collective)
-    if factor:
+              "all_to_all": "(n-1)/n", "broadcast": "1", "pingpong": "2"}.get(r.collective)
+    if r.collective == "pingpong":
+        lines.append("# time: max over ranks of the mean round trip (even rank -> next odd "
+                     "rank -> back); algbw = size/time; busbw = algbw x 2")
+    elif factor:
         lines.append(f"# time: max over ranks of the mean per-iteration time; "
                      f"algbw = size/time; busbw = algbw x {factor}")
     else:

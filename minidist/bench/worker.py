@@ -42,7 +42,7 @@ def make_buffers(collective: str, count: int, n: int, dtype: str) -> dict[str, n
     -> ``out`` (count); barrier: none.
     """
     dt = np.dtype(dtype)
-    if collective in ("all_reduce", "broadcast"):
+    if collective in ("all_reduce", "broadcast", "pingpong"):
         return {"buf": np.zeros(count, dt)}
     if collective == "all_gather":
         return {"inp": np.zeros(count // n, dt), "out": np.zeros(count, dt)}
@@ -88,14 +88,19 @@ def fill_for_check(collective: str, bufs: dict[str, np.ndarray], rank: int, n: i
     elif collective in ("reduce_scatter", "all_to_all"):
         bufs["inp"][:] = pattern(rank, 0, bufs["inp"].size, dtype)
         bufs["out"][:] = 5
+    elif collective == "pingpong":  # the even rank's pattern goes there and back
+        bufs["buf"][:] = pattern(rank, 0, bufs["buf"].size, dtype) if rank % 2 == 0 else 5
 
 
 def count_wrong(collective: str, bufs: dict[str, np.ndarray], rank: int, n: int,
                 root: int = 0) -> int:
     """Elements of this rank's result that differ from the expected one."""
-    if collective == "barrier":
+    if collective == "barrier" or (collective == "pingpong" and (rank ^ 1) >= n):
         return 0
-    if collective in ("all_reduce", "broadcast"):
+    if collective == "pingpong":
+        got = bufs["buf"]
+        want = pattern(rank & ~1, 0, got.size, got.dtype.name)
+    elif collective in ("all_reduce", "broadcast"):
         got = bufs["buf"]
         dtype = got.dtype.name
         want = (_summed(n, 0, got.size, dtype) if collective == "all_reduce"
@@ -189,6 +194,8 @@ class Minidist(System):
             return lambda: md.all_to_all(out, inp, **kw)
         if collective == "barrier":  # its algorithm comes from MINIDIST_ALGO_BARRIER
             return md.barrier
+        if collective == "pingpong":
+            return pingpong(self.rank, self.size, bufs["buf"], md.send, md.recv)
         raise ValueError(collective)
 
     def close(self) -> None:
@@ -240,6 +247,8 @@ class Gloo(System):
             return lambda: dist.all_to_all_single(out, inp)
         if collective == "barrier":
             return dist.barrier
+        if collective == "pingpong":
+            return pingpong(self.rank, self.size, t["buf"], dist.send, dist.recv)
         raise ValueError(collective)
 
     def close(self) -> None:
@@ -288,7 +297,28 @@ class Mpi(System):
             return lambda: comm.Alltoall(inp, out)
         if collective == "barrier":
             return comm.Barrier
+        if collective == "pingpong":
+            return pingpong(self.rank, self.size, bufs["buf"], comm.Send,
+                            lambda buf, src: comm.Recv(buf, source=src))
         raise ValueError(collective)
+
+
+def pingpong(rank: int, n: int, buf, send: Callable, recv: Callable) -> Callable[[], Any]:
+    """One round trip: an even rank sends ``buf`` to the next rank and receives it back
+    (``send(buf, dst)``, ``recv(buf, src)``); a last rank without a partner idles."""
+    peer = rank ^ 1
+    if peer >= n:
+        return lambda: None
+    if rank % 2 == 0:
+        def there_and_back() -> None:
+            send(buf, peer)
+            recv(buf, peer)
+        return there_and_back
+
+    def back() -> None:
+        recv(buf, peer)
+        send(buf, peer)
+    return back
 
 
 SYSTEMS: dict[str, type[System]] = {"minidist": Minidist, "gloo": Gloo, "mpi": Mpi}

@@ -66,6 +66,21 @@ class Mailbox:
         self._arrivals: list[asyncio.Future] = []  # probes waiting for a message to arrive
         # a collective's frame that nobody expects: True to drop it (its call is over)
         self.on_unexpected: Callable[[Header], bool] = lambda h: False
+        # point-to-point frames with this tag are signals to this rank, not messages
+        self.signal_tag = -1
+        self.on_signal: Callable[[int], None] = lambda src: None
+        # a message was kept for a receive not posted here, or a sender is gone
+        self.on_p2p_news: Callable[[], None] = lambda: None
+
+    @property
+    def early(self) -> dict[Key, tuple[Header, bytearray]]:
+        """Frames that arrived before their receive (a receive on another thread may
+        take its own with ``early.pop(key, None)``, atomic under the GIL)."""
+        return self._early
+
+    def p2p_waiting(self) -> bool:
+        """Whether a point-to-point receive or probe waits here."""
+        return bool(self._any or self._arrivals or any(k[4] for k in list(self._posted)))
 
     def expect(self, group: int, seq: int, check: Check) -> Exception | None:
         """Check every frame of collective (group, seq), also those whose receive is not
@@ -166,6 +181,9 @@ class Mailbox:
         If the header does not fit the receive, the receive's future fails and
         :data:`REJECTED` is returned: the caller must read and drop the payload.
         """
+        if header.tag == self.signal_tag and header.kind == Kind.P2P:
+            self.on_signal(header.src)
+            return REJECTED
         p = self._posted.pop(frame_key(header), None)
         if p is None and self._any:
             p = self._any_for(header)
@@ -195,6 +213,8 @@ class Mailbox:
         if check is None and not key[4] and self.on_unexpected(header):
             return
         self._early[key] = (header, payload)
+        if key[4]:
+            self.on_p2p_news()
         if key[4] and self._arrivals:
             arrivals, self._arrivals = self._arrivals, []
             for fut in arrivals:
@@ -208,6 +228,7 @@ class Mailbox:
     def peer_dead(self, src: int, exc: Exception) -> None:
         """Fail every receive from ``src``, now and later, with ``exc``."""
         self._dead[src] = exc
+        self.on_p2p_news()
         for key in [k for k in self._posted if k[0] == src]:
             p = self._posted.pop(key)
             if not p.future.done():

@@ -64,6 +64,7 @@ def test_element_counts():
     ("all_reduce", 2, 1.0), ("all_reduce", 4, 1.5), ("all_reduce", 8, 1.75),
     ("all_reduce", 1, 0.0), ("all_gather", 4, 0.75), ("reduce_scatter", 8, 0.875),
     ("broadcast", 8, 1.0), ("all_to_all", 4, 0.75), ("barrier", 64, None),
+    ("pingpong", 2, 2.0), ("pingpong", 8, 2.0),
 ])
 def test_bus_factor(collective, n, factor):
     assert report.bus_factor(collective, n) == factor
@@ -227,17 +228,20 @@ def _simulate(collective: str, n: int, count: int, dtype: str) -> list[dict]:
         per = count // n
         for r, b in enumerate(ranks):
             b["out"][:] = total[r * per:(r + 1) * per]
+    elif collective == "pingpong":  # there and back: both hold the even rank's buffer
+        for r in range(1, n, 2):
+            ranks[r]["buf"][:] = ranks[r - 1]["buf"]
     return ranks
 
 
 @pytest.mark.parametrize("collective", ["all_reduce", "broadcast", "all_gather",
-                                        "reduce_scatter"])
+                                        "reduce_scatter", "pingpong"])
 @pytest.mark.parametrize("dtype", ["float16", "float32", "int8", "uint8", "int64"])
 def test_check_pattern(collective, dtype):
     n, count = 5, 5 * 7
     ranks = _simulate(collective, n, count, dtype)
     assert [worker.count_wrong(collective, b, r, n) for r, b in enumerate(ranks)] == [0] * n
-    out = "buf" if collective in ("all_reduce", "broadcast") else "out"
+    out = "buf" if collective in ("all_reduce", "broadcast", "pingpong") else "out"
     ranks[2][out][1] += 1
     assert worker.count_wrong(collective, ranks[2], 2, n) == 1
 
@@ -247,6 +251,19 @@ def test_check_pattern_exact_for_many_ranks():
     for dtype in ("float16", "int8"):
         ranks = _simulate("all_reduce", 64, 16, dtype)
         assert worker.count_wrong("all_reduce", ranks[0], 0, 64) == 0
+
+
+def test_pingpong_pairs_even_ranks_with_the_next_and_idles_a_last_odd_one():
+    log = []
+    calls = [worker.pingpong(r, 5, "buf", lambda b, d, r=r: log.append((r, "send", d)),
+                             lambda b, s, r=r: log.append((r, "recv", s))) for r in range(5)]
+    for c in calls:
+        c()
+    assert log == [(0, "send", 1), (0, "recv", 1), (1, "recv", 0), (1, "send", 0),
+                   (2, "send", 3), (2, "recv", 3), (3, "recv", 2), (3, "send", 2)]
+    b = worker.make_buffers("pingpong", 8, 5, "float32")
+    worker.fill_for_check("pingpong", b, 4, 5)
+    assert worker.count_wrong("pingpong", b, 4, 5) == 0  # rank 4 has no partner
 
 
 def test_make_buffers_shapes():

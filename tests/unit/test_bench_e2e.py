@@ -48,6 +48,18 @@ def test_all_reduce_table():
 
 
 @pytest.mark.timeout(60)
+def test_pingpong_round_trips_are_checked():
+    p = bench("pingpong", "-n", "3", "--min-bytes", "8", "--max-bytes", "128K", "-f", "16",
+              "--iters", "20", "--check", "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert [r["size"] for r in doc["rows"]] == [8, 128, 2048, 32768]
+    for row in doc["rows"]:
+        res = row["results"]["minidist"]
+        assert res["time_us"] > 0 and res["wrong"] == 0
+
+
+@pytest.mark.timeout(60)
 def test_json_barrier():
     p = bench("barrier", "-n", "3", "--iters", "5", "--json")
     assert p.returncode == 0, p.stderr
@@ -62,6 +74,7 @@ def test_json_barrier():
     (["all_reduce", "--algorithm", "nope"], "unknown all_reduce algorithm"),
     (["all_reduce", "--vs", "nccl"], "unknown system"),
     (["all_reduce", "--min-bytes", "1M", "--max-bytes", "1K"], "smaller than"),
+    (["pingpong", "--algorithm", "ring"], "no algorithm"),
 ])
 def test_bad_arguments(args, message):
     p = bench(*args)

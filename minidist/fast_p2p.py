@@ -1,0 +1,318 @@
+"""Small point-to-point messages on one node through shared memory, on the caller's
+thread: no socket and no event loop on either side.
+
+A blocking receive from a known rank of this node, into at most
+:data:`~minidist.inbox.MESSAGE_BYTES` (or of an object), opens this rank's inbox
+(:mod:`minidist.inbox`, created at the first such receive) and waits there: it spins
+briefly while the node's ranks fit its cores, yields while they are a few per core,
+then sleeps on the inbox's bell. A send of at most that many bytes to a rank of this
+node whose inbox is open writes the message into its ring of that inbox and wakes the
+receiver only if it sleeps. Everything else, and a message that finds the inbox closed
+or its ring full, goes through the socket as before.
+
+Both ways carry the same frame header and the same numbers (per group, peer and tag), so
+which way a message went never changes what a receive takes: a receive looks in the
+socket's mailbox (early messages) and in the rings, and a record it does not want (its
+tag or number is another receive's) goes to the mailbox, as if it had come through the
+socket. The loop, which delivers the socket's messages, rings the inbox's bell when one
+arrives or a peer is gone while a receiver waits there.
+
+The inbox stays open after a receive (the next one is likely soon), so the rings may
+hold messages while nobody waits on them. Whatever receives on the loop instead (a
+receive with ``async_op``, from any rank, of a larger buffer, a probe, minidist.aio)
+first closes the inbox and moves what the rings hold to the mailbox; a sender that
+wrote a record while the inbox closed then sees it closed, and sends a doorbell frame
+(an empty message with :data:`DOORBELL_TAG`) through the socket: the receiver's loop
+moves the rings' records to the mailbox (the fence argument is in :mod:`minidist.inbox`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import numpy as np
+
+from . import wire
+from .engine import tag_name
+from .errors import CollectiveMismatchError, DistError, DistTimeoutError
+from .fastpath import SLICE, YIELD_RANKS_PER_CORE, YIELD_SECONDS
+from .inbox import MESSAGE_BYTES, Inbox, Outbox
+from .plan import P2P, P2P_TAG_LIMIT
+
+DOORBELL_TAG = P2P_TAG_LIMIT + 3  # "look at your rings": an empty frame, never a message
+RETRY_ATTACH = 0.05  # seconds before a sender looks again for an inbox it did not find
+SPIN_P2P = 100e-6  # a receiver's spin (a sleeping sender takes ~60 us to wake up here)
+RESET_EVERY = 256  # receives after which a spin or yield cut to nothing is tried again
+NOT_TAKEN = object()  # what :meth:`FastP2P.recv` returns when the loop must receive
+
+
+class FastP2P:
+    """One rank's shared-memory messages: its inbox and the inboxes it writes to.
+    ``session`` gives the engine (errors, numbering, the socket path), the mailbox and
+    the node's layout; nothing here runs on the loop except :meth:`drain_on_loop`."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self.engine = session.engine
+        self.mailbox = session.mailbox
+        self.rank = session.rank
+        nodes = session.plan.nodes
+        self.local = [r for r in range(len(nodes)) if nodes[r] == nodes[self.rank]]
+        self.ring_of = {r: i for i, r in enumerate(self.local)}
+        self.inbox: Inbox | None = None
+        self._no_inbox = False
+        self._outboxes: dict[int, Outbox] = {}
+        self._retry: dict[int, float] = {}
+        self._send_lock = threading.Lock()
+        self._drain_lock = threading.Lock()  # who takes records: a receiver or the loop
+        self._receiver = threading.Lock()  # one waiting receiver at a time
+        self.waiting = False  # a receiver waits in the inbox (read by the loop)
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:
+            cores = os.cpu_count() or 1
+        n = len(self.local)
+        self._spin_full = SPIN_P2P if n <= cores else 0.0
+        self._yield_full = YIELD_SECONDS if not self._spin_full and \
+            n <= YIELD_RANKS_PER_CORE * cores else 0.0
+        self._spin, self._yield = self._spin_full, self._yield_full
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.sent = self.received = 0  # messages that went through shared memory
+        self._waits = 0
+        mb = self.mailbox
+        mb.signal_tag, mb.on_signal = DOORBELL_TAG, self._doorbell
+        mb.on_p2p_news = self._news
+        self.engine.before_receive = self.close_and_drain
+
+    def close(self) -> None:
+        """Forget every mapping and remove this rank's inbox (its name included)."""
+        with self._send_lock:
+            for out in self._outboxes.values():
+                out.close()
+            self._outboxes.clear()
+        with self._drain_lock:
+            if self.inbox is not None:
+                self.inbox.close()
+                self.inbox = None
+            self._no_inbox = True
+
+    # ------------------------------------------------------------------ sending
+
+    def send(self, p: P2P, loop: asyncio.AbstractEventLoop) -> bool:
+        """From the caller's thread: write ``p`` into its receiver's inbox; False
+        (nothing written) if it must go through the socket."""
+        dst = p.peer
+        if dst not in self.ring_of or p.flat.nbytes > MESSAGE_BYTES:
+            return False
+        e = self.engine
+        if dst in e.lost or dst in e.left or e.rendezvous_lost is not None:
+            return False  # the socket path says why
+        with self._send_lock:
+            out = self._outboxes.get(dst)
+            if out is None:
+                if time.monotonic() < self._retry.get(dst, 0.0):
+                    return False
+                out = Outbox.attach(self.session.job, dst, len(self.local),
+                                    self.ring_of[self.rank])
+                if out is None:
+                    self._retry[dst] = time.monotonic() + RETRY_ATTACH
+                    return False
+                self._outboxes[dst] = out
+            header, payload = e._p2p_frame(p)
+            done = out.put(header, payload)
+        if done == 0:
+            return False
+        self.sent += 1
+        if done == 2:
+            self._ring_doorbell(p, loop)
+        return True
+
+    def _ring_doorbell(self, p: P2P, loop: asyncio.AbstractEventLoop) -> None:
+        bell = P2P(p.group, p.peer, DOORBELL_TAG, 0, np.empty(0, np.uint8), 0, False,
+                   sending=True)
+        if not self.engine.send_p2p_now(bell, loop):
+            timeout = self.session.timeout_of(p.group)
+            loop.call_soon_threadsafe(self._send_on_loop, bell, timeout)
+
+    def _send_on_loop(self, bell: P2P, timeout: float) -> None:
+        task = asyncio.ensure_future(self.engine.send_p2p(bell, timeout))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort
+
+    # ------------------------------------------------------------------ receiving
+
+    def recv(self, p: P2P, loop: asyncio.AbstractEventLoop):
+        """From the caller's thread: receive ``p`` (a blocking receive from a known rank)
+        waiting in the inbox: None, or an object's bytes; :data:`NOT_TAKEN` if the loop
+        must receive it instead (nothing was changed)."""
+        src = p.peer
+        if src not in self.ring_of or self._no_inbox or \
+                (p.flat is not None and p.flat.nbytes > MESSAGE_BYTES):
+            return NOT_TAKEN
+        if not self._receiver.acquire(blocking=False):
+            return NOT_TAKEN  # another thread waits in the inbox: this one on the loop
+        try:
+            if self.inbox is None:
+                try:
+                    self.inbox = Inbox(self.session.job, self.rank, len(self.local))
+                except OSError:
+                    self._no_inbox = True
+                    return NOT_TAKEN
+            self.loop = loop
+            self.waiting = True
+            try:
+                return self._recv(p, self.inbox, src)
+            finally:
+                self.waiting = False
+                if self.mailbox.p2p_waiting():  # receives on the loop: the rings are theirs
+                    loop.call_soon_threadsafe(self.close_and_drain)
+        finally:
+            self._receiver.release()
+
+    def _recv(self, p: P2P, inbox: Inbox, src: int):
+        key = (src, p.group.id, p.seq, p.tag, True)
+        ring = self.ring_of[src]
+        timeout = self.session.timeout_of(p.group)
+        deadline = time.monotonic() + timeout
+        inbox.set_open(True)
+        early = self.mailbox.early
+        spun = False
+        while True:
+            seen = inbox.bell()
+            got = early.pop(key, None) if early else None
+            if got is None:
+                got = self._take(key, ring)
+            if got is not None:
+                return self._deliver(p, *got)
+            err = self._refusal(p, src)
+            if err is not None:
+                got = early.pop(key, None) or self._take(key, ring)  # sent just before
+                if got is not None:
+                    return self._deliver(p, *got)
+                raise err
+            now = time.monotonic()
+            if now >= deadline:
+                self.engine._give_back_p2p_seq(p)
+                raise DistTimeoutError(
+                    f"recv on rank {self.rank} from rank {src} ({tag_name(p.tag)}) timed "
+                    f"out after {timeout:g} s: no matching send", collective="recv",
+                    group=p.group, missing=[src])
+            if not spun:  # first spin or yield, looking at the sender's ring
+                spun = True
+                if self._wait_briefly(inbox, ring, seen, now):
+                    continue
+            inbox.will_sleep()
+            if inbox.bell() == seen and not inbox.waiting(ring) and key not in early:
+                inbox.sleep(seen, min(SLICE, deadline - now))
+
+    def _wait_briefly(self, inbox: Inbox, ring: int, seen: int, now: float) -> bool:
+        """Spin or yield until ring ``ring`` or the bell changes (True), adapting as the
+        fast path's waits do (:mod:`minidist.fastpath`)."""
+        self._waits += 1
+        if self._waits % RESET_EVERY == 0:  # the peers may be quicker now: try again
+            self._spin, self._yield = self._spin_full, self._yield_full
+        if self._spin:
+            end = now + self._spin
+            while time.monotonic() < end:
+                if inbox.waiting(ring) or inbox.bell() != seen:
+                    self._spin = self._spin_full
+                    return True
+            self._spin = self._spin / 2 if self._spin > 2e-6 else 0.0
+        elif self._yield:
+            end = now + self._yield
+            while True:
+                os.sched_yield()
+                if inbox.waiting(ring) or inbox.bell() != seen:
+                    self._yield = self._yield_full
+                    return True
+                if time.monotonic() >= end:
+                    break
+            self._yield = self._yield / 2 if self._yield > 5e-6 else 0.0
+        return False
+
+    def _take(self, key: tuple, ring: int) -> tuple[wire.Header, np.ndarray] | None:
+        """The record ``key`` from the sender's ring, if it is there; every record before
+        it (another receive's) goes to the mailbox."""
+        inbox = self.inbox
+        if not inbox.waiting(ring):
+            return None
+        with self._drain_lock:
+            while True:
+                rec = inbox.take(ring)
+                if rec is None:
+                    return None
+                h = self._header(rec[0], ring)
+                if h is None:
+                    continue
+                if (h.src, h.group, h.seq, h.tag, True) == key:
+                    self.received += 1
+                    return h, rec[1]
+                self.loop.call_soon_threadsafe(self.mailbox.deposit, h, rec[1])
+
+    def _header(self, raw: bytes, ring: int) -> wire.Header | None:
+        try:
+            h = wire.decode_header(raw)
+        except wire.ProtocolError:
+            return None
+        if h.kind != wire.Kind.P2P or h.src != self.local[ring]:
+            return None  # not what this ring's sender writes: dropped
+        return h
+
+    def _deliver(self, p: P2P, h: wire.Header, payload: np.ndarray):
+        err = self.engine.p2p_check(p, h)
+        if err is None and p.flat is not None and len(payload) != p.flat.nbytes:
+            err = CollectiveMismatchError(
+                f"recv on rank {self.rank} from rank {h.src}: a message of {len(payload)} "
+                f"bytes for a {p.flat.nbytes}-byte buffer; the buffer is unchanged")
+        if err is not None:
+            raise err
+        p.source = h.src
+        if p.flat is None:
+            return bytes(payload)
+        p.flat.view(np.uint8)[:] = np.frombuffer(payload, np.uint8)
+        if p.user is not None:
+            np.copyto(p.user, p.flat.reshape(p.user.shape))
+        return None
+
+    def _refusal(self, p: P2P, src: int) -> DistError | None:
+        e = self.engine
+        if e.rendezvous_lost is not None:
+            return e._no_rendezvous("recv")
+        dead = self.mailbox.is_dead(src)
+        return dead if isinstance(dead, DistError) else None
+
+    # ------------------------------------------------------------------ on the loop
+
+    def close_and_drain(self) -> None:
+        """On the loop, before a receive or probe there: close the inbox and move what
+        its rings hold to the mailbox."""
+        inbox = self.inbox
+        if inbox is None or not inbox.is_open:
+            return
+        inbox.set_open(False)
+        self.drain_on_loop()
+
+    def drain_on_loop(self) -> None:
+        """On the loop: move every record of the rings to the mailbox."""
+        if self.inbox is None:
+            return
+        with self._drain_lock:
+            inbox = self.inbox
+            if inbox is None:
+                return
+            for ring in inbox.nonempty():
+                while (rec := inbox.take(int(ring))) is not None:
+                    h = self._header(rec[0], int(ring))
+                    if h is not None:
+                        self.mailbox.deposit(h, rec[1])
+
+    def _doorbell(self, src: int) -> None:
+        self.drain_on_loop()
+
+    def _news(self) -> None:
+        """On the loop: a message came through the socket, or a peer is gone."""
+        if self.waiting and self.inbox is not None:
+            self.inbox.ring_bell()
+

@@ -1,0 +1,65 @@
+"""Point-to-point messages through the shared-memory inboxes (minidist.fast_p2p)."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+from minidist import fastpath, segments
+
+from .harness import SCRIPTS, Job
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not (fastpath.available() and segments.available()),
+                       reason="the fast path needs Linux on x86-64 and /dev/shm"),
+]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_messages_are_exact_whichever_way_they_go(seed):
+    """Ping-pong across the size limit, tags received out of order (the ring fills and
+    the rest goes through the socket), every kind of receive on one tag, two senders,
+    objects, a message that does not fit, a strided buffer."""
+    with Job(3, SCRIPTS / "fast_p2p_stress.py", str(seed)) as job:
+        rc = job.wait(100)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    assert "FAST P2P OK" in job.out
+
+
+def test_a_killed_sender_fails_the_waiting_receive_within_seconds():
+    with Job(2, SCRIPTS / "fast_p2p_fail.py", "kill") as job:
+        job.wait(90)
+    lost = [line for line in job.out.splitlines() if "LOST" in line]
+    assert len(lost) == 1, job.out[-2000:] + job.err[-2000:]
+    assert "LOST [1]" in lost[0] and float(lost[0].split()[-1]) < 30
+
+
+def test_messages_sent_before_leaving_are_received_then_the_receive_fails():
+    with Job(2, SCRIPTS / "fast_p2p_fail.py", "leave") as job:
+        job.wait(90)
+    left = [line for line in job.out.splitlines() if "LEFT" in line]
+    assert len(left) == 1, job.out[-2000:] + job.err[-2000:]
+    assert "LEFT [1] True" in left[0] and float(left[0].split()[-1]) < 30
+
+
+def test_a_receive_times_out_and_gives_its_number_back():
+    with Job(2, SCRIPTS / "fast_p2p_fail.py", "silent") as job:
+        rc = job.wait(90)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    timeout = [line for line in job.out.splitlines() if "TIMEOUT" in line]
+    assert len(timeout) == 1, job.out
+    assert 1.9 <= float(timeout[0].split("TIMEOUT")[1].split()[0]) < 10, job.out
+    assert "no matching send" in timeout[0]
+    assert "LATER 7" in job.out
+
+
+def test_no_inbox_is_left_after_a_job():
+    before = set(glob.glob(os.path.join(segments.SHM_DIR, "minidist-*")))
+    with Job(3, SCRIPTS / "fast_p2p_stress.py", "5") as job:
+        rc = job.wait(100)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    assert set(glob.glob(os.path.join(segments.SHM_DIR, "minidist-*"))) <= before
+    assert "removed shared memory" not in job.err  # each rank removed its own inbox
