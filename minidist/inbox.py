@@ -68,13 +68,25 @@ def inbox_name(job: str, rank: int, pid: int) -> str:
     return segments.segment_name(job, INBOX_KEY | rank, pid)
 
 
+def _named(job: str, rank: int) -> list[tuple[str, int]]:
+    """(path, creator's pid) of every inbox name of ``rank`` in the job."""
+    out = []
+    pattern = os.path.join(segments.SHM_DIR, inbox_name(job, rank, 0)[:-1] + "*")
+    for path in glob.glob(pattern):
+        with contextlib.suppress(ValueError):
+            out.append((path, int(path.rsplit("-", 1)[1])))
+    return out
+
+
 class Inbox:
     """This rank's inbox (the reading side); ``rings`` senders, by ring index."""
 
     def __init__(self, job: str, rank: int, rings: int) -> None:
         self.name = inbox_name(job, rank, os.getpid())
         self.rings = rings
-        segments.unlink(self.name)  # a name left by an earlier init of this process
+        for path, pid in _named(job, rank):  # left by a killed process of this rank (a
+            if pid == os.getpid() or not segments.alive(pid):  # restart), or by an
+                segments.unlink(os.path.basename(path))  # earlier init of this one
         self.seg = segments.create(self.name, inbox_bytes(rings))
         self.mem = np.frombuffer(self.seg, np.uint8)
         self.words = self.mem.view(np.int32)
@@ -165,10 +177,11 @@ class Outbox:
     @classmethod
     def attach(cls, job: str, rank: int, rings: int, ring: int) -> Outbox | None:
         """Map global rank ``rank``'s inbox to write ring ``ring``; None if it has none
-        this user owns alone (yet)."""
+        (yet) that this user owns alone and whose creator is alive."""
         size = inbox_bytes(rings)
-        pattern = os.path.join(segments.SHM_DIR, inbox_name(job, rank, 0)[:-1] + "*")
-        for path in glob.glob(pattern):
+        for path, pid in _named(job, rank):
+            if not segments.alive(pid):  # a killed process's inbox: nobody reads it
+                continue
             try:
                 fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
             except OSError:

@@ -70,7 +70,7 @@ def sweep_orphans(job: str | None = None) -> list[str]:
             pid = int(path.rsplit("-", 1)[1])
         except ValueError:
             continue
-        if _alive(pid):
+        if alive(pid):
             continue
         with contextlib.suppress(FileNotFoundError, PermissionError):
             os.unlink(path)
@@ -78,7 +78,8 @@ def sweep_orphans(job: str | None = None) -> list[str]:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (also one of another user)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -531,6 +531,11 @@ def recv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: i
          group_src: int | None = None) -> int:
     """Blocking :func:`irecv`; returns the global rank of the sender (-1 outside the
     group), also for a receive from any source (``src=None``)."""
+    if src is not None or group_src is not None:
+        g = _group(group)
+        if _skip(g, "recv"):
+            return -1
+        return C.recv(tensor, _root(g, src, group_src, "src"), tag, g)
     w = irecv(tensor, src, group, tag, group_src)
     if w is None:
         return -1

@@ -528,6 +528,21 @@ def irecv(t: torch.Tensor, src: int | None, tag: int, g: Group | None) -> Work:
                 source_rank=w.source_rank if src is None else src, group_ranks=members(g))
 
 
+def recv(t: torch.Tensor, src: int, tag: int, g: Group | None) -> int:
+    """A blocking receive from global rank ``src``: for a CPU tensor it runs on the
+    caller's thread (only its planning holds the order lock), so that from a rank of
+    this node it waits in this rank's inbox (:mod:`minidist.fast_p2p`)."""
+    if _on_gpu(t):
+        irecv(t, src, tag, g).wait()
+        return src
+    d = md.door()
+    with _order:
+        arr, post = as_output(t, "recv")
+        item = d.plan.prepare_recv(arr, src, tag, g)
+    Blocking(d, item, post).wait()
+    return src
+
+
 @_ordered
 def _submit_object(obj: Any, dst: int, g: Group | None):
     d = md.door()

@@ -2,6 +2,7 @@
 
 import os
 import secrets
+import subprocess
 
 import numpy as np
 import pytest
@@ -99,7 +100,7 @@ def test_only_an_inbox_of_this_user_alone_is_attached(box, tmp_path):
     job, b = box
     size = inbox.inbox_bytes(3)
     # a name that looks right but anyone may open, or of the wrong size, is refused
-    fake = os.path.join(segments.SHM_DIR, inbox.inbox_name(job, 5, 999_999))
+    fake = os.path.join(segments.SHM_DIR, inbox.inbox_name(job, 5, os.getpid()))  # alive
     fd = os.open(fake, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, size)
@@ -119,6 +120,30 @@ def test_only_an_inbox_of_this_user_alone_is_attached(box, tmp_path):
         os.unlink(fake)
     assert Outbox.attach(job, 3, 3, 0) is None  # nobody has created it
     assert Outbox.attach(job, 2, 4, 0) is None  # another layout of the node
+
+
+def test_a_killed_process_inbox_is_never_attached_and_is_swept_by_its_successor():
+    job = secrets.token_hex(10)
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid nobody has now
+    stale = os.path.join(segments.SHM_DIR, inbox.inbox_name(job, 4, dead.pid))
+    old = Inbox(job, 4, 2)
+    os.rename(os.path.join(segments.SHM_DIR, old.name), stale)  # as if its creator died
+    try:
+        assert Outbox.attach(job, 4, 2, 0) is None  # whole, ours alone, but nobody reads it
+        new = Inbox(job, 4, 2)  # this rank's next process
+        try:
+            assert not os.path.exists(stale)
+            out = Outbox.attach(job, 4, 2, 1)
+            assert out is not None and out.seg is not None
+            new.set_open(True)
+            assert out.put(_header(1, 0, 0), None) == 1 and new.waiting(1)
+            out.close()
+        finally:
+            new.close()
+    finally:
+        old.name = os.path.basename(stale)
+        old.close()
 
 
 def test_a_payload_larger_than_a_record_is_never_read_past_its_slot(box):
