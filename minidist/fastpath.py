@@ -65,12 +65,19 @@ call of ``m`` chunks uses ``m + 1`` numbers), pipelined as
 
     copy in 0 | B0 | reduce 0, copy in 1 | B1 | copy out 0, reduce 1, copy in 2 | B2 | ...
 
-What a rank writes after barrier ``k`` (its chunk of bank ``(k + 1) % 2``, the result
-of bank ``k % 2``) was last read before barrier ``k`` by everyone (reduce ``k - 1``,
-copy out ``k - 2``). The first barrier compares the signatures, so the vector is first
-written (copy out 0, after B1) only once every rank is known to call the same thing;
-each element is reduced once, by one rank, in rank order, so every rank gets the same
-bits.
+Chunk ``j`` of a call whose first number is ``f`` uses bank ``(f + j) % 2``. What a
+rank writes after barrier ``k`` (its chunk of bank ``(k + 1) % 2``, the result of bank
+``k % 2``) was last read before barrier ``k`` by everyone (reduce ``k - 1``, copy out
+``k - 2``). The first barrier compares the signatures, so the vector is first written
+(copy out 0, after B1) only once every rank is known to call the same thing; each
+element is reduced once, by one rank, in rank order, so every rank gets the same bits.
+
+A small mid-area all_reduce (:func:`gathers`: ``size * nbytes`` at most
+:data:`GATHER_BYTES`) uses one number ``f`` and one barrier: every rank copies its
+whole vector into its chunk of bank ``f % 2``, and after the barrier (which compares
+the signatures) reduces all chunks in rank order into its result, so every rank
+computes the same bits. A chunk of bank ``f % 2`` is next written for number ``f + 2``,
+after barrier ``f + 1``, which every rank reaches only once it has read them.
 
 An all_reduce above :data:`DIRECT_MIN` on a group whose ranks can read each other's
 memory (:mod:`minidist.peer_memory`; the planner knows from every rank's key) takes
@@ -112,6 +119,7 @@ from .ops import ReduceOp
 FAST_COLLECTIVES = ("all_reduce", "broadcast", "barrier")
 SLOT_BYTES = 4096  # the largest payload of a fast call
 MID_BYTES = 4 << 20  # the largest all_reduce through the mid area
+GATHER_BYTES = 512 << 10  # every rank reduces whole an all_reduce of at most this / ranks
 MID_RANKS = 8  # ... on groups of at most this many ranks
 MID_CHUNK = 256 << 10  # the smallest chunk of the mid area (bytes)
 MID_SHARE = 128 << 10  # ... which is this many bytes per rank of the group
@@ -230,13 +238,22 @@ def reads_peers(collective: str, nbytes: int, direct: bool) -> bool:
     return direct and collective == "all_reduce" and nbytes > DIRECT_MIN
 
 
+def gathers(nbytes: int, size: int) -> bool:
+    """Whether a mid-area all_reduce of ``nbytes`` on ``size`` ranks is small enough
+    (``size * nbytes`` at most GATHER_BYTES) that every rank copies in its whole vector
+    and reduces all of them (one barrier) rather than its share (two barriers and a
+    copy out): each rank reads all ``size`` vectors, which pays while they stay in the
+    caches."""
+    return SLOT_BYTES < nbytes and size * nbytes <= GATHER_BYTES and size <= MID_RANKS
+
+
 def numbers(nbytes: int, itemsize: int, reads: bool = False, size: int = 2) -> int:
     """How many of its group's fast-call numbers a fast call of ``nbytes`` on a group of
     ``size`` ranks uses (``reads``: one that reads its peers' vectors, see
     :func:`reads_peers`)."""
     if reads:
         return 3
-    if nbytes <= SLOT_BYTES:
+    if nbytes <= SLOT_BYTES or gathers(nbytes, size):
         return 1
     chunk = mid_chunk(size) // itemsize
     return -(-(nbytes // itemsize) // chunk) + 1
@@ -317,6 +334,9 @@ class Slots:
         if reads:
             self._run_reads(f, call, out, src, op, waits)
             return
+        if gathers(out.nbytes, self.size):
+            self._run_gather(f, call, out, src, op, waits)
+            return
         if out.nbytes > SLOT_BYTES:
             self._run_mid(f, call, out, src, op, waits)
             return
@@ -384,6 +404,20 @@ class Slots:
         at = self.mid_at + (bank * (self.size + 1) + slot) * self.chunk
         return self.mem[at:at + self.chunk].view(dtype)
 
+    def _run_gather(self, f: int, call, out: np.ndarray, src: np.ndarray, op: ReduceOp,
+                    waits: tuple) -> None:
+        """A small mid-area all_reduce (see :func:`gathers`): every rank copies its vector
+        into its chunk of bank ``f % 2``; after one barrier each reduces all chunks, in
+        rank order, into its result (reading its own from the chunk, so that ``out`` may
+        be ``src``)."""
+        bank, count, dt = f % 2, out.size, out.dtype
+        self._mid(bank, self.me, dt)[:count] = src
+        self._barrier(f, call, _NOTHING, waits, check=True)
+        parts = [self._mid(bank, r, dt)[:count] for r in range(self.size)]
+        ops.reduce_into(op, out, parts[0], parts[1])
+        for part in parts[2:]:
+            ops.reduce_into(op, out, out, part)
+
     def _run_mid(self, f: int, call, out: np.ndarray, src: np.ndarray, op: ReduceOp,
                  waits: tuple) -> None:
         """An all_reduce of more than a slot through the mid area (see the module)."""
@@ -398,7 +432,7 @@ class Slots:
 
         def copy_in(j: int) -> None:  # the shares the others reduce
             lo, hi, a, b = bounds(j, me)
-            mine = self._mid(j % 2, me, dt)
+            mine = self._mid((f + j) % 2, me, dt)
             mine[:a - lo] = src[lo:a]
             mine[b - lo:hi - lo] = src[b:hi]
 
@@ -406,9 +440,10 @@ class Slots:
             lo, hi, a, b = bounds(j, me)
             if a == b:
                 return
-            parts = [src[a:b] if r == me else self._mid(j % 2, r, dt)[a - lo:b - lo]
+            bank = (f + j) % 2
+            parts = [src[a:b] if r == me else self._mid(bank, r, dt)[a - lo:b - lo]
                      for r in range(n)]
-            res = self._mid(j % 2, n, dt)[a - lo:b - lo]
+            res = self._mid(bank, n, dt)[a - lo:b - lo]
             ops.reduce_into(op, res, parts[0], parts[1])
             for part in parts[2:]:
                 ops.reduce_into(op, res, res, part)
@@ -418,7 +453,7 @@ class Slots:
             self._barrier(f + j, call, _NOTHING, waits, check=j == 0)
             if j:
                 lo, hi, _, _ = bounds(j - 1, me)
-                out[lo:hi] = self._mid((j - 1) % 2, n, dt)[:hi - lo]
+                out[lo:hi] = self._mid((f + j - 1) % 2, n, dt)[:hi - lo]
             if j < m:
                 reduce(j)
             if j + 1 < m:

@@ -128,6 +128,9 @@ def test_a_rank_killed_in_small_calls_is_reported_within_seconds(victim, central
     (64, ("100000", "99999")),  # both through the mid area, different chunk counts
     (64, ("100000", "3")),  # the mid area against a slot
     (1, ("3", "100000")),  # a slot of a gathering group against the mid area
+    (64, ("20000", "19999")),  # both reduced whole by every rank (one barrier)
+    (64, ("20000", "100000")),  # reduced whole against chunks
+    (64, ("3", "20000")),  # a slot against reduced whole
     (64, ("1100000", "1099999")),  # both read the peers' vectors, different counts
     (64, ("1100000", "300000")),  # reads against the mid area
     (64, ("3", "1100000")),  # a slot against reads

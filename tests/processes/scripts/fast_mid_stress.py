@@ -1,7 +1,11 @@
-"""All_reduces above a slot (the fast path's mid area), back to back with small calls,
-on the world and on a subgroup: sizes across chunk boundaries, several dtypes and ops,
-in-place and strided arrays. Every result must equal the reduction in rank order, bit
-for bit, on every rank."""
+"""All_reduces above a slot (the fast path's mid area), back to back with each other and
+with small calls, on the world and on a subgroup: sizes across chunk boundaries and
+around the largest that every rank reduces whole, several dtypes and ops, in-place and
+strided arrays, one rank now and then late (so the others run ahead into the next
+call's bank). Every result must equal the reduction in rank order, bit for bit, on
+every rank."""
+
+import time
 
 import numpy as np
 from exact_reduce import check, data, expected
@@ -13,12 +17,13 @@ minidist.init(timeout=60)
 rank, n = minidist.get_rank(), minidist.get_world_size()
 sub = minidist.new_group(list(range(1, n)))
 chunk_bytes = fastpath.mid_chunk(n)
-SIZES = [fastpath.SLOT_BYTES + 4, 3 * 4096 + 8, chunk_bytes - 8, chunk_bytes,
-         chunk_bytes + 8, 2 * chunk_bytes + 12, fastpath.MID_BYTES]
+whole = fastpath.GATHER_BYTES // n // 8 * 8  # the largest that every rank reduces whole
+SIZES = [fastpath.SLOT_BYTES + 4, 3 * 4096 + 8, whole, whole + 8, chunk_bytes - 8,
+         chunk_bytes, chunk_bytes + 8, 2 * chunk_bytes + 12, fastpath.MID_BYTES]
 OPS = [minidist.ReduceOp.SUM, minidist.ReduceOp.MAX, minidist.ReduceOp.PRODUCT]
 
 
-for i in range(60):
+for i in range(90):
     nbytes = SIZES[i % len(SIZES)]
     dt = np.dtype([np.float32, np.int64, np.float64, np.int32][i % 4])
     op = OPS[i % 3]
@@ -29,8 +34,20 @@ for i in range(60):
         continue
     want = expected(members, i, count, dt, op)
     mine = data(rank, i, count, dt)
+    if i % 7 == rank:
+        time.sleep(0.002)
     check(i, mine, want, op, group)
+    if i % 3 == 0:
+        continue
     small = np.array([rank], np.int32)
     minidist.all_reduce(small, group=group)
     assert small[0] == sum(members)
+# a one-barrier call, then straight into a chunked one (no small call between them)
+total = sum(range(n))
+for i in range(300):
+    for k, nbytes in enumerate((whole, chunk_bytes + 8)):
+        x = np.full(nbytes // 8, rank + 1000 * (2 * i + k), np.int64)
+        minidist.all_reduce(x)
+        want = total + n * 1000 * (2 * i + k)
+        assert (x == want).all(), f"pair {i}, {nbytes} B: {x[:4]} {x[-4:]}, not {want}"
 print("MID STRESS OK", flush=True)
