@@ -54,9 +54,8 @@ finds the mismatch itself.
 
 An all_reduce above :data:`SLOT_BYTES` (up to :data:`MID_BYTES`, on groups of at most
 :data:`MID_RANKS`) takes the same path through a larger area after the slots: two
-banks, each with room for one chunk per rank and one for the result (a chunk is
-:func:`mid_chunk` bytes of the vector: :data:`MID_SHARE` per rank of the group, at least
-:data:`MID_CHUNK`).
+banks, each with room for one chunk (:data:`MID_CHUNK` bytes of the vector) per rank and
+one for the result.
 Each chunk of the vector is cut into one share per rank; a rank copies into its chunk
 the shares that the others reduce, reduces its own share across all ranks (its own
 part read in place from its vector) into the result chunk, and copies the whole result
@@ -121,8 +120,7 @@ SLOT_BYTES = 4096  # the largest payload of a fast call
 MID_BYTES = 4 << 20  # the largest all_reduce through the mid area
 GATHER_BYTES = 512 << 10  # every rank reduces whole an all_reduce of at most this / ranks
 MID_RANKS = 8  # ... on groups of at most this many ranks
-MID_CHUNK = 256 << 10  # the smallest chunk of the mid area (bytes)
-MID_SHARE = 128 << 10  # ... which is this many bytes per rank of the group
+MID_CHUNK = 1 << 20  # bytes of the vector per chunk of the mid area
 DIRECT_MIN = 4 << 20  # all_reduces above this read the peers' vectors (peer_memory)
 DIRECT_CHUNK = 512 << 10  # bytes per peer that a reducing rank reads at a time
 MAX_RANKS = 64  # larger groups: the tree and dissemination schedules scale better
@@ -204,19 +202,12 @@ def _mid_at(size: int) -> int:
     return -(-size * 2 * SLOT // 4096) * 4096
 
 
-def mid_chunk(size: int) -> int:
-    """The bytes of one chunk of the mid area of a group of ``size`` ranks: each rank
-    reduces a share of MID_SHARE bytes between two barriers (fewer barriers where more
-    ranks share the cores), at least MID_CHUNK in all."""
-    return max(MID_CHUNK, MID_SHARE * size)
-
-
 def segment_bytes(size: int) -> int:
     """The shared segment of a group of ``size`` ranks: its slots, then (for groups of at
     most MID_RANKS) the mid area. Pages that no call touches take no memory."""
     if size > MID_RANKS:
         return size * 2 * SLOT
-    return _mid_at(size) + 2 * (size + 1) * mid_chunk(size)
+    return _mid_at(size) + 2 * (size + 1) * MID_CHUNK
 
 
 def takes(collective: str, size: int, nbytes: int, direct: bool = False) -> bool:
@@ -255,7 +246,7 @@ def numbers(nbytes: int, itemsize: int, reads: bool = False, size: int = 2) -> i
         return 3
     if nbytes <= SLOT_BYTES or gathers(nbytes, size):
         return 1
-    chunk = mid_chunk(size) // itemsize
+    chunk = MID_CHUNK // itemsize
     return -(-(nbytes // itemsize) // chunk) + 1
 
 
@@ -295,7 +286,6 @@ class Slots:
         self.size = group.size
         self.mem = np.frombuffer(buf, np.uint8, segment_bytes(self.size))
         self.mid_at = _mid_at(self.size)
-        self.chunk = mid_chunk(self.size)
         self.base = self.mem.ctypes.data
         self.words = self.mem.view(np.int32)  # the slot numbers, by int32 index
         self.cores = _cores()
@@ -401,8 +391,8 @@ class Slots:
 
     def _mid(self, bank: int, slot: int, dtype: np.dtype) -> np.ndarray:
         """Chunk ``slot`` (a group rank, or ``size`` for the result) of a mid-area bank."""
-        at = self.mid_at + (bank * (self.size + 1) + slot) * self.chunk
-        return self.mem[at:at + self.chunk].view(dtype)
+        at = self.mid_at + (bank * (self.size + 1) + slot) * MID_CHUNK
+        return self.mem[at:at + MID_CHUNK].view(dtype)
 
     def _run_gather(self, f: int, call, out: np.ndarray, src: np.ndarray, op: ReduceOp,
                     waits: tuple) -> None:
@@ -422,7 +412,7 @@ class Slots:
                  waits: tuple) -> None:
         """An all_reduce of more than a slot through the mid area (see the module)."""
         n, me, dt = self.size, self.me, out.dtype
-        chunk = self.chunk // out.itemsize
+        chunk = MID_CHUNK // out.itemsize
         count = out.size
         m = -(-count // chunk)
 

@@ -114,15 +114,13 @@ def test_large_all_reduces_read_the_peers_only_where_every_rank_can(n):
 def test_numbers_of_each_kind_of_fast_call():
     assert fastpath.numbers(8, 4) == 1
     assert fastpath.numbers(fastpath.MID_CHUNK * 2, 4) == 3  # two chunks, three barriers
-    assert fastpath.numbers(fastpath.MID_BYTES, 4, size=8) == 5  # 1 MiB chunks at n = 8
+    assert fastpath.numbers(fastpath.MID_BYTES, 4, size=8) == 5  # 1 MiB chunks
     # every rank reduces whole, after one barrier, up to GATHER_BYTES / size
     whole = fastpath.GATHER_BYTES // 4
     assert fastpath.gathers(whole, 4) and fastpath.numbers(whole, 4, size=4) == 1
     assert not fastpath.gathers(whole + 4, 4) and fastpath.numbers(whole + 4, 4, size=4) == 2
     assert not fastpath.gathers(fastpath.SLOT_BYTES, 2)
     assert not fastpath.gathers(fastpath.SLOT_BYTES + 4, fastpath.MID_RANKS + 1)
-    assert fastpath.mid_chunk(2) == fastpath.MID_CHUNK
-    assert fastpath.mid_chunk(8) == 8 * fastpath.MID_SHARE
     assert fastpath.segment_bytes(8) > fastpath.segment_bytes(4) > fastpath.segment_bytes(2)
     assert fastpath.numbers(1 << 30, 4, reads=True) == 3
     assert fastpath.takes("all_reduce", 64, 1 << 30, direct=True)

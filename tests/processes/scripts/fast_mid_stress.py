@@ -16,7 +16,7 @@ from minidist import fastpath
 minidist.init(timeout=60)
 rank, n = minidist.get_rank(), minidist.get_world_size()
 sub = minidist.new_group(list(range(1, n)))
-chunk_bytes = fastpath.mid_chunk(n)
+chunk_bytes = fastpath.MID_CHUNK
 whole = fastpath.GATHER_BYTES // n // 8 * 8  # the largest that every rank reduces whole
 SIZES = [fastpath.SLOT_BYTES + 4, 3 * 4096 + 8, whole, whole + 8, chunk_bytes - 8,
          chunk_bytes, chunk_bytes + 8, 2 * chunk_bytes + 12, fastpath.MID_BYTES]
