@@ -21,26 +21,27 @@ what = sys.argv[1]
 minidist.init(timeout=60)
 rank = minidist.get_rank()
 x = np.zeros(4, np.float32)
-for _ in range(200):  # the inboxes are set up and in use
-    if rank == 0:
-        minidist.send(x, 1)
-        minidist.recv(x, 1)
-    else:
-        minidist.recv(x, 0)
-        minidist.send(x, 0)
+
+
+def ping_pong(rounds: int, die_at: int = -1) -> None:
+    """Rank 0 sends, rank 1 sends back; rank 1 SIGKILLs itself at round ``die_at``."""
+    for i in range(rounds):
+        if rank == 1 and i == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if rank == 0:
+            minidist.send(x, 1)
+            minidist.recv(x, 1)
+        else:
+            minidist.recv(x, 0)
+            minidist.send(x, 0)
+
+
+ping_pong(200)  # the inboxes are set up and in use
 
 if what == "kill":
     t0 = time.monotonic()
     try:
-        for i in range(100_000):
-            if rank == 1 and i == 50:
-                os.kill(os.getpid(), signal.SIGKILL)
-            if rank == 0:
-                minidist.send(x, 1)
-                minidist.recv(x, 1)
-            else:
-                minidist.recv(x, 0)
-                minidist.send(x, 0)
+        ping_pong(100_000, die_at=50)
         print("NO ERROR", flush=True)
     except minidist.PeerLostError as e:
         print(f"LOST {list(e.ranks)} {time.monotonic() - t0:.1f}", flush=True)
