@@ -78,8 +78,9 @@ the signatures) reduces all chunks in rank order into its result, so every rank
 computes the same bits. A chunk of bank ``f % 2`` is next written for number ``f + 2``,
 after barrier ``f + 1``, which every rank reaches only once it has read them.
 
-An all_reduce above :data:`DIRECT_MIN` on a group whose ranks can read each other's
-memory (:mod:`minidist.peer_memory`; the planner knows from every rank's key) takes
+An all_reduce above :data:`DIRECT_MIN` (above :data:`DIRECT_MIN_WIDE` on groups of
+more than :data:`MID_RANKS`) on a group whose ranks can read each other's memory
+(:mod:`minidist.peer_memory`; the planner knows from every rank's key) takes
 three fast-call numbers, whatever its size. B0 publishes each rank's pid and the
 addresses of its vector and result (and compares the signatures); then each rank reads
 the others' parts of its share (its 1/n of the vector), :data:`DIRECT_CHUNK` bytes
@@ -117,11 +118,12 @@ from .ops import ReduceOp
 
 FAST_COLLECTIVES = ("all_reduce", "broadcast", "barrier")
 SLOT_BYTES = 4096  # the largest payload of a fast call
-MID_BYTES = 4 << 20  # the largest all_reduce through the mid area
+MID_BYTES = 16 << 20  # the largest all_reduce through the mid area
 GATHER_BYTES = 512 << 10  # every rank reduces whole an all_reduce of at most this / ranks
 MID_RANKS = 8  # ... on groups of at most this many ranks
 MID_CHUNK = 1 << 20  # bytes of the vector per chunk of the mid area
-DIRECT_MIN = 4 << 20  # all_reduces above this read the peers' vectors (peer_memory)
+DIRECT_MIN = 16 << 20  # all_reduces above this read the peers' vectors (peer_memory)
+DIRECT_MIN_WIDE = 4 << 20  # ... on groups of more than MID_RANKS (no mid area)
 DIRECT_CHUNK = 512 << 10  # bytes per peer that a reducing rank reads at a time
 MAX_RANKS = 64  # larger groups: the tree and dissemination schedules scale better
 HEADER = 64
@@ -215,18 +217,21 @@ def takes(collective: str, size: int, nbytes: int, direct: bool = False) -> bool
     ``size`` ranks fits the fast path (when its group is on one node and the fast path
     is allowed): all_reduce, broadcast and barrier up to SLOT_BYTES on up to MAX_RANKS
     ranks; all_reduce up to MID_BYTES on up to MID_RANKS ranks; with ``direct`` (the
-    ranks can read each other's memory), every all_reduce above DIRECT_MIN on up to
-    MAX_RANKS ranks."""
+    ranks can read each other's memory), every all_reduce above DIRECT_MIN (above
+    DIRECT_MIN_WIDE on more than MID_RANKS ranks) on up to MAX_RANKS ranks."""
     if collective == "all_reduce" and (
-            (reads_peers(collective, nbytes, direct) and size <= MAX_RANKS)
+            (reads_peers(collective, nbytes, direct, size) and size <= MAX_RANKS)
             or (nbytes <= MID_BYTES and size <= MID_RANKS)):
         return True
     return collective in FAST_COLLECTIVES and nbytes <= SLOT_BYTES and size <= MAX_RANKS
 
 
-def reads_peers(collective: str, nbytes: int, direct: bool) -> bool:
-    """Whether a fast call (see :func:`takes`) reads its peers' vectors in place."""
-    return direct and collective == "all_reduce" and nbytes > DIRECT_MIN
+def reads_peers(collective: str, nbytes: int, direct: bool, size: int = 2) -> bool:
+    """Whether a fast call (see :func:`takes`) on ``size`` ranks reads its peers'
+    vectors in place: an all_reduce above DIRECT_MIN, or above DIRECT_MIN_WIDE on a
+    group too large for the mid area."""
+    least = DIRECT_MIN if size <= MID_RANKS else DIRECT_MIN_WIDE
+    return direct and collective == "all_reduce" and nbytes > least
 
 
 def gathers(nbytes: int, size: int) -> bool:

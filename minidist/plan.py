@@ -339,7 +339,7 @@ class Planner:
             digest = self._digests[shape] = wire.shape_digest(shape)
         f = self._fast_calls.get(g.id, 0)
         nbytes = count * flat.itemsize
-        reads = fastpath.reads_peers(kind.name.lower(), nbytes, direct)
+        reads = fastpath.reads_peers(kind.name.lower(), nbytes, direct, g.size)
         uses = fastpath.numbers(nbytes, flat.itemsize, reads, g.size)
         self._fast_calls[g.id] = f + uses
         name = "single_copy" if reads else "shared_slots"

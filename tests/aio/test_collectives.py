@@ -233,9 +233,9 @@ async def test_large_all_reduce_on_one_node_picks_shared_memory(job):
     assert {p.fast for p in preps} == {0}  # and the same numbers on every rank
     await asyncio.gather(*(s.execute(p) for s, p in zip(job, preps)))
     assert all((a == len(job)).all() for a in mid)
-    # 8 MiB: every rank reads the others' vectors where they can (here: one process),
+    # 20 MiB: every rank reads the others' vectors where they can (here: one process),
     # else the segment's schedule
-    arrays = [np.ones(1 << 21, np.float32) for _ in job]
+    arrays = [np.ones(5 << 20, np.float32) for _ in job]
     preps = [s.plan.prepare_all_reduce(a, ReduceOp.SUM, None, None) for s, a in zip(job, arrays)]
     want = "single_copy" if peer_memory.key() is not None else "shared_memory"
     assert {p.call.algorithm_name for p in preps} == {want}

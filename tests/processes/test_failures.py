@@ -109,12 +109,12 @@ def test_ranks_waiting_in_small_calls_sleep(n):
 
 @pytest.mark.parametrize("victim,central_above,count",
                          [(0, 1, 4), (2, 1, 4), (1, 64, 4), (2, 64, 300_000),
-                          (3, 64, 1_100_000)])
+                          (3, 64, 4_200_000)])
 def test_a_rank_killed_in_small_calls_is_reported_within_seconds(victim, central_above,
                                                                 count):
     """Through the shared slots, waiting on each peer or gathered at group rank 0 (whose
     death leaves the others waiting on its release) alike, through the mid area (1.2 MB:
-    five chunks, six barriers), and in calls that read the peers' vectors (4.4 MB)."""
+    two chunks, three barriers), and in calls that read the peers' vectors (16.8 MB)."""
     with Job(4, SCRIPTS / "fast_kill.py", str(victim), str(central_above), str(count)
              ) as job:
         job.wait(90)
@@ -125,15 +125,15 @@ def test_a_rank_killed_in_small_calls_is_reported_within_seconds(victim, central
 
 @pytest.mark.parametrize("central_above,counts", [
     (1, ()), (64, ()),
-    (64, ("100000", "99999")),  # both through the mid area, different chunk counts
+    (64, ("300000", "200000")),  # both through the mid area, different chunk counts
     (64, ("100000", "3")),  # the mid area against a slot
     (1, ("3", "100000")),  # a slot of a gathering group against the mid area
     (64, ("20000", "19999")),  # both reduced whole by every rank (one barrier)
     (64, ("20000", "100000")),  # reduced whole against chunks
     (64, ("3", "20000")),  # a slot against reduced whole
-    (64, ("1100000", "1099999")),  # both read the peers' vectors, different counts
-    (64, ("1100000", "300000")),  # reads against the mid area
-    (64, ("3", "1100000")),  # a slot against reads
+    (64, ("4200000", "4199999")),  # both read the peers' vectors, different counts
+    (64, ("4200000", "300000")),  # reads against the mid area
+    (64, ("3", "4200000")),  # a slot against reads
 ])
 def test_small_calls_that_disagree_fail_on_every_rank(central_above, counts):
     with Job(4, SCRIPTS / "fast_mismatch.py", str(central_above), *counts) as job:

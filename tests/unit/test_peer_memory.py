@@ -86,7 +86,8 @@ def _planner(rank: int, keys: list) -> Planner:
 
 @pytest.mark.parametrize("n", [2, 8, 16])
 def test_large_all_reduces_read_the_peers_only_where_every_rank_can(n):
-    big, mid = fastpath.DIRECT_MIN + 4, fastpath.DIRECT_MIN
+    least = fastpath.DIRECT_MIN if n <= fastpath.MID_RANKS else fastpath.DIRECT_MIN_WIDE
+    big, mid = least + 4, least
     same = ["k"] * n
     for keys, reads in ((same, True), (["k"] * (n - 1) + ["other user"], False),
                         (["k"] * (n - 1) + [None], False), ([None] * n, False)):
@@ -102,19 +103,20 @@ def test_large_all_reduces_read_the_peers_only_where_every_rank_can(n):
                 assert p.call.algorithm_name != "single_copy"
         p = _planner(0, keys).prepare_all_reduce(np.ones(mid // 4, np.float32), ReduceOp.SUM,
                                                  None, None)
-        assert not p.reads  # up to DIRECT_MIN: the mid area (or the segment) as before
+        assert not p.reads  # up to there: the mid area (or the segment) as before
         assert (p.fast >= 0) == (n <= fastpath.MID_RANKS)
     # a subgroup of ranks that can read each other reads, even if others cannot
     pl = _planner(0, ["k", "k", None])
     g = pl.new_group([0, 1])
-    prep = pl.prepare_all_reduce(np.ones(big // 4, np.float32), ReduceOp.SUM, g, None)
+    prep = pl.prepare_all_reduce(np.ones(fastpath.DIRECT_MIN // 4 + 1, np.float32),
+                                 ReduceOp.SUM, g, None)
     assert prep.reads and prep.fast_numbers == 3
 
 
 def test_numbers_of_each_kind_of_fast_call():
     assert fastpath.numbers(8, 4) == 1
     assert fastpath.numbers(fastpath.MID_CHUNK * 2, 4) == 3  # two chunks, three barriers
-    assert fastpath.numbers(fastpath.MID_BYTES, 4, size=8) == 5  # 1 MiB chunks
+    assert fastpath.numbers(fastpath.MID_BYTES, 4, size=8) == 17  # 1 MiB chunks
     # every rank reduces whole, after one barrier, up to GATHER_BYTES / size
     whole = fastpath.GATHER_BYTES // 4
     assert fastpath.gathers(whole, 4) and fastpath.numbers(whole, 4, size=4) == 1
@@ -128,4 +130,10 @@ def test_numbers_of_each_kind_of_fast_call():
     assert not fastpath.takes("broadcast", 2, 1 << 30, direct=True)
     assert not fastpath.reads_peers("all_reduce", fastpath.DIRECT_MIN, True)
     assert fastpath.reads_peers("all_reduce", fastpath.DIRECT_MIN + 1, True)
+    wide = fastpath.MID_RANKS + 1  # no mid area: reads from DIRECT_MIN_WIDE on
+    assert not fastpath.reads_peers("all_reduce", fastpath.DIRECT_MIN_WIDE, True, wide)
+    assert fastpath.reads_peers("all_reduce", fastpath.DIRECT_MIN_WIDE + 1, True, wide)
+    assert fastpath.takes("all_reduce", wide, fastpath.DIRECT_MIN_WIDE + 1, direct=True)
+    assert not fastpath.reads_peers("all_reduce", fastpath.DIRECT_MIN_WIDE + 1, True,
+                                    fastpath.MID_RANKS)
     assert not fastpath.reads_peers("all_reduce", 1 << 30, False)

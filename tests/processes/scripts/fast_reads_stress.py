@@ -23,7 +23,7 @@ rank, n = minidist.get_rank(), minidist.get_world_size()
 sub = minidist.new_group(list(range(1, n)))
 base = fastpath.DIRECT_MIN
 piece = fastpath.DIRECT_CHUNK
-SIZES = [base + 8, base + 4 * n * piece + 24, 3 * base + 40, base + 8 * (n - 1)]
+SIZES = [base + 8, base + 4 * n * piece + 24, base + base // 4 + 40, base + 8 * (n - 1)]
 OPS = [minidist.ReduceOp.SUM, minidist.ReduceOp.MAX, minidist.ReduceOp.PRODUCT,
        minidist.ReduceOp.AVG]
 
