@@ -10,6 +10,7 @@ waiting on (a receive, a send, a connection attempt, a shared-memory set-up).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable
@@ -452,9 +453,7 @@ class Engine:
         anyone = p.peer < 0
         where = "any rank" if anyone else f"rank {p.peer}"
 
-        def check(h: wire.Header) -> Exception | None:
-            return self.p2p_check(p, h)
-
+        check = functools.partial(self.p2p_check, p)
         view = None if p.flat is None else _bytes(p.flat)
         a = self._enter(p.group, peer=p.peer)
         if anyone:

@@ -29,7 +29,6 @@ moves the rings' records to the mailbox (the fence argument is in :mod:`minidist
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 
@@ -38,7 +37,7 @@ import numpy as np
 from . import wire
 from .engine import tag_name
 from .errors import CollectiveMismatchError, DistError, DistTimeoutError
-from .fastpath import SLICE, YIELD_RANKS_PER_CORE, YIELD_SECONDS
+from .fastpath import SLICE, Patience
 from .inbox import MESSAGE_BYTES, Inbox, Outbox
 from .plan import P2P, P2P_TAG_LIMIT
 
@@ -70,15 +69,8 @@ class FastP2P:
         self._drain_lock = threading.Lock()  # who takes records: a receiver or the loop
         self._receiver = threading.Lock()  # one waiting receiver at a time
         self.waiting = False  # a receiver waits in the inbox (read by the loop)
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:
-            cores = os.cpu_count() or 1
-        n = len(self.local)
-        self._spin_full = SPIN_P2P if n <= cores else 0.0
-        self._yield_full = YIELD_SECONDS if not self._spin_full and \
-            n <= YIELD_RANKS_PER_CORE * cores else 0.0
-        self._spin, self._yield = self._spin_full, self._yield_full
+        self._patience = Patience(SPIN_P2P)
+        self._patience.fit(len(self.local))
         self.loop: asyncio.AbstractEventLoop | None = None
         self.sent = self.received = 0  # messages that went through shared memory
         self._waits = 0
@@ -208,29 +200,12 @@ class FastP2P:
                 inbox.sleep(seen, min(SLICE, deadline - now))
 
     def _wait_briefly(self, inbox: Inbox, ring: int, seen: int, now: float) -> bool:
-        """Spin or yield until ring ``ring`` or the bell changes (True), adapting as the
-        fast path's waits do (:mod:`minidist.fastpath`)."""
+        """Spin or yield until ring ``ring`` or the bell changes (True), with the patience
+        of the fast path's waits (:class:`minidist.fastpath.Patience`)."""
         self._waits += 1
         if self._waits % RESET_EVERY == 0:  # the peers may be quicker now: try again
-            self._spin, self._yield = self._spin_full, self._yield_full
-        if self._spin:
-            end = now + self._spin
-            while time.monotonic() < end:
-                if inbox.waiting(ring) or inbox.bell() != seen:
-                    self._spin = self._spin_full
-                    return True
-            self._spin = self._spin / 2 if self._spin > 2e-6 else 0.0
-        elif self._yield:
-            end = now + self._yield
-            while True:
-                os.sched_yield()
-                if inbox.waiting(ring) or inbox.bell() != seen:
-                    self._yield = self._yield_full
-                    return True
-                if time.monotonic() >= end:
-                    break
-            self._yield = self._yield / 2 if self._yield > 5e-6 else 0.0
-        return False
+            self._patience.reset()
+        return self._patience.wait(lambda: inbox.waiting(ring) or inbox.bell() != seen, now)
 
     def _take(self, key: tuple, ring: int) -> tuple[wire.Header, np.ndarray] | None:
         """The record ``key`` from the sender's ring, if it is there; every record before

@@ -107,6 +107,7 @@ import platform
 import struct
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -255,11 +256,61 @@ def numbers(nbytes: int, itemsize: int, reads: bool = False, size: int = 2) -> i
     return -(-(nbytes // itemsize) // chunk) + 1
 
 
-def _cores() -> int:
+def cores() -> int:
+    """The cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+class Patience:
+    """How long a waiter spins, then yields its core, before it sleeps: it spins (up to
+    ``spin`` seconds) while the ranks that wait fit the cores, else yields (up to
+    YIELD_SECONDS) while they are at most YIELD_RANKS_PER_CORE per core, else sleeps at
+    once. A spin or yield that did not pay is halved for the next wait, down to nothing
+    (a crowded machine's cores go to the ranks that have work); one that paid returns to
+    its full length."""
+
+    def __init__(self, spin: float | None = None) -> None:
+        self.cores = cores()
+        self._spin = SPIN_SECONDS if spin is None else spin
+        self.full = (0.0, 0.0)  # (spin, yield) after :meth:`fit`
+        self.spin = self.yielding = 0.0
+
+    def fit(self, ranks: int, quiet: bool = True) -> None:
+        """Set the full lengths for ``ranks`` ranks on these cores (``quiet``: the
+        machine has cores to spare), and start from them."""
+        spin = self._spin if ranks <= self.cores and quiet else 0.0
+        few = ranks <= YIELD_RANKS_PER_CORE * self.cores
+        self.full = (spin, YIELD_SECONDS if few and not spin else 0.0)
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to the full lengths."""
+        self.spin, self.yielding = self.full
+
+    def wait(self, ready: Callable[[], bool], now: float) -> bool:
+        """Spin or yield until ``ready()`` (True), or for as long as this waiter's
+        patience lasts (False); ``now``: ``time.monotonic()`` at the start."""
+        if self.spin:
+            end = now + self.spin
+            while time.monotonic() < end:
+                if ready():
+                    self.spin = self.full[0]
+                    return True
+            self.spin = self.spin / 2 if self.spin > 2e-6 else 0.0
+        elif self.yielding:
+            end = now + self.yielding
+            while True:
+                os.sched_yield()
+                if ready():
+                    self.yielding = self.full[1]
+                    return True
+                if time.monotonic() >= end:
+                    break
+            self.yielding = self.yielding / 2 if self.yielding > 5e-6 else 0.0
+        return False
 
 
 class Hooks(Protocol):
@@ -293,19 +344,11 @@ class Slots:
         self.mid_at = _mid_at(self.size)
         self.base = self.mem.ctypes.data
         self.words = self.mem.view(np.int32)  # the slot numbers, by int32 index
-        self.cores = _cores()
-        self.spin = self.yielding = 0.0
-        self._probe(quiet=True)
+        self.patience = Patience()
+        self.patience.fit(self.size)
         self.waits = 0
         self.central = self.size > CENTRAL_ABOVE
         self._scratch = np.empty(0, np.uint8)
-
-    def _probe(self, quiet: bool) -> None:
-        """Set how long a waiter spins and how long it yields before it sleeps."""
-        fits = self.size <= self.cores
-        self.spin = SPIN_SECONDS if fits and quiet else 0.0
-        few = self.size <= YIELD_RANKS_PER_CORE * self.cores
-        self.yielding = YIELD_SECONDS if few and not self.spin else 0.0
 
     def _word(self, rank: int, parity: int) -> int:
         return ((rank * 2 + parity) * SLOT) // 4
@@ -408,10 +451,7 @@ class Slots:
         bank, count, dt = f % 2, out.size, out.dtype
         self._mid(bank, self.me, dt)[:count] = src
         self._barrier(f, call, _NOTHING, waits, check=True)
-        parts = [self._mid(bank, r, dt)[:count] for r in range(self.size)]
-        ops.reduce_into(op, out, parts[0], parts[1])
-        for part in parts[2:]:
-            ops.reduce_into(op, out, out, part)
+        ops.reduce_all_into(op, out, [self._mid(bank, r, dt)[:count] for r in range(self.size)])
 
     def _run_mid(self, f: int, call, out: np.ndarray, src: np.ndarray, op: ReduceOp,
                  waits: tuple) -> None:
@@ -438,10 +478,7 @@ class Slots:
             bank = (f + j) % 2
             parts = [src[a:b] if r == me else self._mid(bank, r, dt)[a - lo:b - lo]
                      for r in range(n)]
-            res = self._mid(bank, n, dt)[a - lo:b - lo]
-            ops.reduce_into(op, res, parts[0], parts[1])
-            for part in parts[2:]:
-                ops.reduce_into(op, res, res, part)
+            ops.reduce_all_into(op, self._mid(bank, n, dt)[a - lo:b - lo], parts)
 
         copy_in(0)
         for j in range(m + 1):
@@ -536,9 +573,8 @@ class Slots:
         """``out`` = every rank's payload reduced, in rank order (the same bits on every
         rank that computes it)."""
         n = out.nbytes
-        np.copyto(out, self._payload(0, parity, n).view(out.dtype))
-        for r in range(1, self.size):
-            ops.reduce_into(op, out, out, self._payload(r, parity, n).view(out.dtype))
+        ops.reduce_all_into(op, out, [self._payload(r, parity, n).view(out.dtype)
+                                      for r in range(self.size)])
 
     def _differing(self, mine: tuple, parity: int, only: int | None = None) -> int | None:
         """The first group rank (or ``only``) whose signature differs from ``mine``."""
@@ -569,27 +605,11 @@ class Slots:
             return
         now = time.monotonic()
         self.waits += 1
+        patience = self.patience
         if self.waits % 1024 == 0:  # probe again: the machine may be quiet now
-            self._probe(quiet=os.getloadavg()[0] < self.cores)
-        if self.spin:
-            end = now + self.spin
-            while time.monotonic() < end:
-                if words[word] == want:
-                    self.spin = SPIN_SECONDS  # it paid: back to the full time
-                    return
-            # spinning did not pay (the others are not running now): spin less, so a
-            # crowded machine's cores go to the ranks that have work
-            self.spin = self.spin / 2 if self.spin > 2e-6 else 0.0
-        elif self.yielding:
-            end = now + self.yielding
-            while True:
-                os.sched_yield()
-                if words[word] == want:
-                    self.yielding = YIELD_SECONDS  # it paid: back to the full time
-                    return
-                if time.monotonic() >= end:
-                    break
-            self.yielding = self.yielding / 2 if self.yielding > 5e-6 else 0.0
+            patience.fit(self.size, quiet=os.getloadavg()[0] < patience.cores)
+        if patience.wait(lambda: words[word] == want, now):
+            return
         start, reported = now, False
         addr = self.base + word * 4
         while True:

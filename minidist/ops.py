@@ -83,6 +83,18 @@ def reduce_into(op: ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> 
     _UFUNC[op](a, b, out=out)
 
 
+def reduce_all_into(op: ReduceOp, out: np.ndarray, parts: list[np.ndarray]) -> None:
+    """Write ``parts`` reduced elementwise in their order into ``out``:
+    ``op(...op(op(parts[0], parts[1]), parts[2])...)``, the same bits wherever it runs.
+    ``out`` may alias ``parts[0]`` or ``parts[1]``, not a later part."""
+    if len(parts) == 1:
+        np.copyto(out, parts[0])
+        return
+    reduce_into(op, out, parts[0], parts[1])
+    for part in parts[2:]:
+        reduce_into(op, out, out, part)
+
+
 def finish(op: ReduceOp, out: np.ndarray, size: int) -> None:
     """Apply the final step an operator needs after combining ``size`` inputs (AVG divides)."""
     if op == ReduceOp.AVG and size > 1 and out.size:
