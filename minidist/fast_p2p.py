@@ -36,15 +36,16 @@ import numpy as np
 
 from . import wire
 from .engine import tag_name
-from .errors import CollectiveMismatchError, DistError, DistTimeoutError
+from .errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError
 from .fastpath import SLICE, Patience
-from .inbox import MESSAGE_BYTES, Inbox, Outbox
+from .inbox import MESSAGE_BYTES, Inbox, Outbox, Stash
 from .plan import P2P, P2P_TAG_LIMIT
 
 DOORBELL_TAG = P2P_TAG_LIMIT + 3  # "look at your rings": an empty frame, never a message
 RETRY_ATTACH = 0.05  # seconds before a sender looks again for an inbox it did not find
 SPIN_P2P = 100e-6  # a receiver's spin (a sleeping sender takes ~60 us to wake up here)
 RESET_EVERY = 256  # receives after which a spin or yield cut to nothing is tried again
+LINGER = 5.0  # seconds a leaving sender waits at most for its stash's messages to be taken
 NOT_TAKEN = object()  # what :meth:`FastP2P.recv` returns when the loop must receive
 
 
@@ -65,6 +66,8 @@ class FastP2P:
         self._no_inbox = False
         self._outboxes: dict[int, Outbox] = {}
         self._retry: dict[int, float] = {}
+        self.stash: Stash | None = None
+        self._no_stash = False
         self._send_lock = threading.Lock()
         self._drain_lock = threading.Lock()  # who takes records: a receiver or the loop
         self._receiver = threading.Lock()  # one waiting receiver at a time
@@ -73,6 +76,8 @@ class FastP2P:
         self._patience.fit(len(self.local))
         self.loop: asyncio.AbstractEventLoop | None = None
         self.sent = self.received = 0  # messages that went through shared memory
+        self.stashed = 0  # ... of them sent through this rank's stash
+        self.dropped: dict[tuple, int] = {}  # messages lost with their sender's stash
         self._waits = 0
         mb = self.mailbox
         mb.signal_tag, mb.on_signal = DOORBELL_TAG, self._doorbell
@@ -85,6 +90,10 @@ class FastP2P:
             for out in self._outboxes.values():
                 out.close()
             self._outboxes.clear()
+            if self.stash is not None:
+                self.stash.close()
+                self.stash = None
+            self._no_stash = True
         with self._drain_lock:
             if self.inbox is not None:
                 self.inbox.close()
@@ -93,11 +102,33 @@ class FastP2P:
 
     # ------------------------------------------------------------------ sending
 
+    async def linger(self, limit: float = LINGER) -> None:
+        """On the loop, before :meth:`close`: ask the receivers of the messages still in
+        the stash to take them (a doorbell; their loops move them to their mailboxes),
+        and wait until they did, they are gone, or ``limit`` seconds passed. A message
+        left after that is lost with the stash: its receive raises PeerLostError."""
+        stash, loop = self.stash, asyncio.get_running_loop()
+        if stash is None:
+            return
+        e = self.engine
+        with self._send_lock:
+            waiting = set(stash.outstanding())
+        for dst in waiting:
+            self._ring_doorbell(P2P(self.session.world, dst, DOORBELL_TAG, 0,
+                                    np.empty(0, np.uint8), 0, False, sending=True), loop)
+        end = time.monotonic() + limit
+        while waiting and time.monotonic() < end:
+            await asyncio.sleep(0.002)
+            with self._send_lock:
+                waiting = {d for d in stash.outstanding() if d not in e.lost and
+                           d not in e.left and e.rendezvous_lost is None}
+
     def send(self, p: P2P, loop: asyncio.AbstractEventLoop) -> bool:
-        """From the caller's thread: write ``p`` into its receiver's inbox; False
-        (nothing written) if it must go through the socket."""
+        """From the caller's thread: write ``p`` into its receiver's inbox (a large one
+        into this rank's stash, and a record of it into the inbox); False (nothing
+        written) if it must go through the socket."""
         dst = p.peer
-        if dst not in self.ring_of or p.flat.nbytes > MESSAGE_BYTES:
+        if dst not in self.ring_of:
             return False
         e = self.engine
         if dst in e.lost or dst in e.left or e.rendezvous_lost is not None:
@@ -114,13 +145,40 @@ class FastP2P:
                     return False
                 self._outboxes[dst] = out
             header, payload = e._p2p_frame(p)
-            done = out.put(header, payload)
+            if p.flat.nbytes <= MESSAGE_BYTES:
+                done = out.put(header, payload)
+            else:
+                done = self._put_large(out, header, p.flat, dst)
         if done == 0:
             return False
         self.sent += 1
         if done == 2:
             self._ring_doorbell(p, loop)
         return True
+
+    def _put_large(self, out: Outbox, header: bytes, flat: np.ndarray, dst: int) -> int:
+        """Under the send lock: a message too large for a record, through the stash
+        (:meth:`Outbox.put`'s answer; 0 if there is no room)."""
+        if not out.has_room():
+            return 0
+        stash = self.stash
+        if stash is None:
+            if self._no_stash:
+                return 0
+            try:
+                stash = self.stash = Stash(self.session.job, self.rank)
+            except OSError:
+                self._no_stash = True
+                return 0
+        desc = stash.put(flat.view(np.uint8), dst)
+        if desc is None:
+            return 0
+        done = out.put(header, memoryview(desc))
+        if done == 0:
+            stash.unput()
+        else:
+            self.stashed += 1
+        return done
 
     def _ring_doorbell(self, p: P2P, loop: asyncio.AbstractEventLoop) -> None:
         bell = P2P(p.group, p.peer, DOORBELL_TAG, 0, np.empty(0, np.uint8), 0, False,
@@ -140,15 +198,15 @@ class FastP2P:
         waiting in the inbox: None, or an object's bytes; :data:`NOT_TAKEN` if the loop
         must receive it instead (nothing was changed)."""
         src = p.peer
-        if src not in self.ring_of or self._no_inbox or \
-                (p.flat is not None and p.flat.nbytes > MESSAGE_BYTES):
+        if src not in self.ring_of or self._no_inbox:
             return NOT_TAKEN
         if not self._receiver.acquire(blocking=False):
             return NOT_TAKEN  # another thread waits in the inbox: this one on the loop
         try:
             if self.inbox is None:
                 try:
-                    self.inbox = Inbox(self.session.job, self.rank, len(self.local))
+                    self.inbox = Inbox(self.session.job, self.rank, len(self.local),
+                                       self.local)
                 except OSError:
                     self._no_inbox = True
                     return NOT_TAKEN
@@ -175,14 +233,16 @@ class FastP2P:
             seen = inbox.bell()
             got = early.pop(key, None) if early else None
             if got is None:
-                got = self._take(key, ring)
+                got = self._take(p, key, ring)
             if got is not None:
                 return self._deliver(p, *got)
             err = self._refusal(p, src)
             if err is not None:
-                got = early.pop(key, None) or self._take(key, ring)  # sent just before
+                got = early.pop(key, None) or self._take(p, key, ring)  # sent just before
                 if got is not None:
                     return self._deliver(p, *got)
+                if key in self.dropped:  # sent, but its stash went before the loop took it
+                    raise self._lost(p, src, self.dropped.pop(key))
                 raise err
             now = time.monotonic()
             if now >= deadline:
@@ -207,24 +267,49 @@ class FastP2P:
             self._patience.reset()
         return self._patience.wait(lambda: inbox.waiting(ring) or inbox.bell() != seen, now)
 
-    def _take(self, key: tuple, ring: int) -> tuple[wire.Header, np.ndarray] | None:
-        """The record ``key`` from the sender's ring, if it is there; every record before
-        it (another receive's) goes to the mailbox."""
+    def _take(self, p: P2P, key: tuple, ring: int
+              ) -> tuple[wire.Header, np.ndarray] | None:
+        """The record ``key`` from the sender's ring, if it is there (its payload copied
+        straight into ``p``'s buffer when it fits); every record before it (another
+        receive's) goes to the mailbox."""
         inbox = self.inbox
         if not inbox.waiting(ring):
             return None
         with self._drain_lock:
             while True:
-                rec = inbox.take(ring)
-                if rec is None:
+                raw = inbox.peek(ring)
+                if raw is None:
                     return None
-                h = self._header(rec[0], ring)
-                if h is None:
+                h = self._header(raw, ring)
+                if h is None or (h.src, h.group, h.seq, h.tag, True) != key:
+                    rec = inbox.take(ring)
+                    if h is not None:
+                        self._aside(h, rec[1], self.loop)
                     continue
-                if (h.src, h.group, h.seq, h.tag, True) == key:
-                    self.received += 1
-                    return h, rec[1]
-                self.loop.call_soon_threadsafe(self.mailbox.deposit, h, rec[1])
+                into = None
+                if p.flat is not None and self.engine.p2p_check(p, h) is None:
+                    into = p.flat.view(np.uint8)
+                payload = inbox.take(ring, into)[1]
+                if payload is None:
+                    raise self._lost(p, h.src, h.nbytes)
+                self.received += 1
+                return h, payload
+
+    def _aside(self, h: wire.Header, payload: np.ndarray | None,
+               loop: asyncio.AbstractEventLoop | None) -> None:
+        """A record that another receive takes: to the mailbox (through ``loop`` when
+        not on it), or, lost with its sender's stash, remembered to say so."""
+        if payload is None:
+            self.dropped[(h.src, h.group, h.seq, h.tag, True)] = h.nbytes
+        elif loop is None:
+            self.mailbox.deposit(h, payload)
+        else:
+            loop.call_soon_threadsafe(self.mailbox.deposit, h, payload)
+
+    def _lost(self, p: P2P, src: int, nbytes: int) -> PeerLostError:
+        return PeerLostError(f"recv on rank {self.rank} from rank {src} ({tag_name(p.tag)})"
+                             f": rank {src} left before its {nbytes}-byte message was "
+                             "taken from its stash", ranks=[src])
 
     def _header(self, raw: bytes, ring: int) -> wire.Header | None:
         try:
@@ -246,7 +331,8 @@ class FastP2P:
         p.source = h.src
         if p.flat is None:
             return bytes(payload)
-        p.flat.view(np.uint8)[:] = np.frombuffer(payload, np.uint8)
+        if payload.ctypes.data != p.flat.ctypes.data:  # not taken straight into it
+            p.flat.view(np.uint8)[:] = np.frombuffer(payload, np.uint8)
         if p.user is not None:
             np.copyto(p.user, p.flat.reshape(p.user.shape))
         return None
@@ -281,7 +367,7 @@ class FastP2P:
                 while (rec := inbox.take(int(ring))) is not None:
                     h = self._header(rec[0], int(ring))
                     if h is not None:
-                        self.mailbox.deposit(h, rec[1])
+                        self._aside(h, rec[1], None)
 
     def _doorbell(self, src: int) -> None:
         self.drain_on_loop()

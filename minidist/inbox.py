@@ -32,10 +32,22 @@ see :mod:`minidist.fast_p2p`) or sees the reader asleep (and wakes it).
 A sender finds an inbox by name (its rank and the job's key, and the receiver's pid so
 that a name left by a killed process can be swept) and maps it only if this user owns
 it and nobody else may open it: a second local user can neither read nor fake one.
+
+A larger message (up to what fits in :data:`STASH_BYTES`) waits in its sender's
+*stash*: a segment that the sender alone writes, in blocks allocated in turn around it.
+The sender copies the payload into a block, then writes a record whose header is the
+message's own and whose payload is a descriptor (its pid, the block's offset, the size);
+the receiver maps the stash (with the same checks as an inbox), copies the payload out
+and then stores 1 into the block's DONE word, after which the sender may reuse the
+block. The block is written before the record's TAIL and DONE is stored after the copy's
+loads, so under TSO neither side sees the other's half-done work. The sender frees
+blocks in the order it allocated them, and starts again from the beginning whenever all
+are free, so a stash whose messages are taken promptly touches few pages.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import glob
 import mmap
@@ -55,6 +67,11 @@ RECORD = HEADER + MESSAGE_BYTES
 RING = 64 + RING_SLOTS * RECORD
 INBOX_KEY = 0x1B0C << 48  # the "group" part of an inbox's segment name, | the rank
 MAGIC = 0x78_6F_62_6E_69_64_6D_31  # "1mdinbox"
+STASH_BYTES = 16 << 20  # a sender's stash of messages too large for a record
+STASH_KEY = 0x57A5 << 48  # the "group" part of a stash's segment name, | the rank
+STASH_MAGIC = 0x68_73_61_74_73_64_6D_31  # "1mdstash"
+BLOCK = 64  # a stash block's header (its DONE word) and alignment
+_DESC = struct.Struct("<qqq")  # a stash record's payload: pid, offset, nbytes
 _OPEN, _BELL, _SLEEPING, _MAGIC, _RINGS = 0, 4, 8, 16, 24
 _HEAD, _TAIL = 0, 32
 _WRAP = 0x7FFFFFFF
@@ -68,25 +85,60 @@ def inbox_name(job: str, rank: int, pid: int) -> str:
     return segments.segment_name(job, INBOX_KEY | rank, pid)
 
 
-def _named(job: str, rank: int) -> list[tuple[str, int]]:
-    """(path, creator's pid) of every inbox name of ``rank`` in the job."""
+def stash_name(job: str, rank: int, pid: int) -> str:
+    return segments.segment_name(job, STASH_KEY | rank, pid)
+
+
+def _named(job: str, rank: int, name=inbox_name) -> list[tuple[str, int]]:
+    """(path, creator's pid) of every inbox (or stash) name of ``rank`` in the job."""
     out = []
-    pattern = os.path.join(segments.SHM_DIR, inbox_name(job, rank, 0)[:-1] + "*")
+    pattern = os.path.join(segments.SHM_DIR, name(job, rank, 0)[:-1] + "*")
     for path in glob.glob(pattern):
         with contextlib.suppress(ValueError):
             out.append((path, int(path.rsplit("-", 1)[1])))
     return out
 
 
-class Inbox:
-    """This rank's inbox (the reading side); ``rings`` senders, by ring index."""
+def _sweep(job: str, rank: int, name) -> None:
+    """Remove the names of ``rank``'s segments left by a killed process of this rank (a
+    restart), or by an earlier init of this one."""
+    for path, pid in _named(job, rank, name):
+        if pid == os.getpid() or not segments.alive(pid):
+            segments.unlink(os.path.basename(path))
 
-    def __init__(self, job: str, rank: int, rings: int) -> None:
+
+def _map_own(path: str, size: int | None) -> mmap.mmap | None:
+    """Map ``path`` if it is a regular file of this user alone (of ``size`` bytes, if
+    given); None otherwise."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or \
+                st.st_mode & 0o077 or (size is not None and st.st_size != size) or \
+                st.st_size < HEADER:
+            return None
+        return mmap.mmap(fd, st.st_size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+class Inbox:
+    """This rank's inbox (the reading side); ``rings`` senders, by ring index
+    (``senders``: their global ranks, whose stashes hold the large messages)."""
+
+    def __init__(self, job: str, rank: int, rings: int,
+                 senders: list[int] | None = None) -> None:
         self.name = inbox_name(job, rank, os.getpid())
+        self.job = job
         self.rings = rings
-        for path, pid in _named(job, rank):  # left by a killed process of this rank (a
-            if pid == os.getpid() or not segments.alive(pid):  # restart), or by an
-                segments.unlink(os.path.basename(path))  # earlier init of this one
+        self.senders = list(range(rings)) if senders is None else senders
+        self._stashes: dict[tuple[int, int], np.ndarray] = {}  # (ring, pid) -> mapping
+        _sweep(job, rank, inbox_name)
         self.seg = segments.create(self.name, inbox_bytes(rings))
         self.mem = np.frombuffer(self.seg, np.uint8)
         self.words = self.mem.view(np.int32)
@@ -97,10 +149,11 @@ class Inbox:
         self._tails = (at + _TAIL) // 4
 
     def close(self) -> None:
-        """Close the inbox to senders, remove its name and unmap it."""
+        """Close the inbox to senders, remove its name and unmap it (and the stashes)."""
         self.words[_OPEN // 4] = 0
         segments.unlink(self.name)
         self.words = self.mem = None
+        self._stashes.clear()
         with contextlib.suppress(BufferError):
             self.seg.close()
 
@@ -144,21 +197,77 @@ class Inbox:
         w = self.words
         return np.flatnonzero(w[self._tails] != w[self._heads])
 
-    def take(self, ring: int) -> tuple[bytes, np.ndarray] | None:
-        """The oldest record of ring ``ring`` (its header bytes, a copy of its payload),
-        removed from the ring; None if it is empty."""
+    def _record(self, ring: int) -> int | None:
+        """Where the oldest record of ring ``ring`` starts; None if it is empty."""
         w = self.words
         head = int(w[self._heads[ring]])
         if w[self._tails[ring]] == head:
             return None
-        at = HEADER + ring * RING + 64 + (head % RING_SLOTS) * RECORD
+        return HEADER + ring * RING + 64 + (head % RING_SLOTS) * RECORD
+
+    def peek(self, ring: int) -> bytes | None:
+        """The header bytes of the oldest record of ring ``ring``; None if it is empty."""
+        at = self._record(ring)
+        return None if at is None else self.mem[at:at + HEADER].tobytes()
+
+    def take(self, ring: int, into: np.ndarray | None = None
+             ) -> tuple[bytes, np.ndarray | None] | None:
+        """The oldest record of ring ``ring``, removed from the ring: its header bytes
+        and its payload, copied into ``into`` (bytes, used if the size is the
+        payload's) or a new array; None if the ring is empty. The payload is None if the
+        message waited in a stash that is gone (its sender left before it was taken)."""
+        at = self._record(ring)
+        if at is None:
+            return None
         header = self.mem[at:at + HEADER].tobytes()
         nbytes = struct.unpack_from("<Q", header, 48)[0]  # wire header: nbytes
         if nbytes > MESSAGE_BYTES:
-            nbytes = 0  # not a record a sender wrote: the wire check rejects its header
-        payload = self.mem[at + HEADER:at + HEADER + nbytes].copy()
-        w[self._heads[ring]] = (head + 1) & _WRAP  # after the copy: the slot is free
+            payload = self._unstash(ring, self.mem[at + HEADER:at + HEADER + _DESC.size],
+                                    nbytes, into)
+        else:
+            src = self.mem[at + HEADER:at + HEADER + nbytes]
+            if into is not None and into.nbytes == nbytes:
+                into[:] = src
+                payload = into
+            else:
+                payload = src.copy()
+        w = self.words
+        w[self._heads[ring]] = (int(w[self._heads[ring]]) + 1) & _WRAP  # after the copy
         return header, payload
+
+    def _unstash(self, ring: int, desc: np.ndarray, nbytes: int,
+                 into: np.ndarray | None) -> np.ndarray | None:
+        """Copy a message out of its sender's stash and free its block."""
+        pid, offset, size = _DESC.unpack(desc.tobytes())
+        stash = self._stash(ring, pid)
+        if stash is None:
+            return None
+        if size != nbytes or offset % BLOCK or offset < HEADER or \
+                offset + BLOCK + nbytes > stash.size:
+            return np.empty(0, np.uint8)  # not a record a sender wrote: refused as too small
+        src = stash[offset + BLOCK:offset + BLOCK + nbytes]
+        if into is not None and into.nbytes == nbytes:
+            into[:] = src
+            payload = into
+        else:
+            payload = src.copy()
+        stash.view(np.int32)[offset // 4] = 1  # DONE, after the copy's loads
+        return payload
+
+    def _stash(self, ring: int, pid: int) -> np.ndarray | None:
+        """Ring ``ring``'s sender's stash (made by process ``pid``), mapped once."""
+        got = self._stashes.get((ring, pid))
+        if got is None:
+            path = os.path.join(segments.SHM_DIR,
+                                stash_name(self.job, self.senders[ring], pid))
+            seg = _map_own(path, None)
+            if seg is None:
+                return None
+            got = np.frombuffer(seg, np.uint8)
+            if struct.unpack_from("<qq", got, 0) != (STASH_MAGIC, len(got)):
+                return None
+            self._stashes[(ring, pid)] = got
+        return got
 
 
 class Outbox:
@@ -182,20 +291,9 @@ class Outbox:
         for path, pid in _named(job, rank):
             if not segments.alive(pid):  # a killed process's inbox: nobody reads it
                 continue
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-            except OSError:
+            seg = _map_own(path, size)
+            if seg is None:
                 continue
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or \
-                        st.st_mode & 0o077 or st.st_size != size:
-                    continue
-                seg = mmap.mmap(fd, size)
-            except OSError:
-                continue
-            finally:
-                os.close(fd)
             magic, count = struct.unpack_from("<qq", seg, _MAGIC)
             if magic == MAGIC and count == rings:
                 return cls(seg, ring)
@@ -206,6 +304,13 @@ class Outbox:
         self.words = self.mem = None
         with contextlib.suppress(BufferError):
             self.seg.close()
+
+    def has_room(self) -> bool:
+        """Whether the inbox is open and this ring has a free slot (a slot stays free
+        until this writer fills it)."""
+        w = self.words
+        return bool(w[_OPEN // 4]) and \
+            (int(w[self._tail]) - int(w[self._head])) & _WRAP < RING_SLOTS
 
     def put(self, header: bytes, payload: memoryview | None) -> int:
         """Write one record: 0 if it was not written (the inbox is closed or the ring
@@ -229,3 +334,64 @@ class Outbox:
             w[_BELL // 4] = (w[_BELL // 4] + 1) & _WRAP
             futex_wake(self.base + _BELL)
         return 1 if w[_OPEN // 4] else 2
+
+
+class Stash:
+    """This rank's stash of large messages (the writing side): blocks allocated in
+    turn around the segment, freed in that order once their receivers took them."""
+
+    def __init__(self, job: str, rank: int, size: int = STASH_BYTES) -> None:
+        self.name = stash_name(job, rank, os.getpid())
+        _sweep(job, rank, stash_name)
+        self.seg = segments.create(self.name, size)
+        self.mem = np.frombuffer(self.seg, np.uint8)
+        self.words = self.mem.view(np.int32)
+        self.size = size
+        struct.pack_into("<qq", self.mem, 0, STASH_MAGIC, size)
+        self.blocks: collections.deque[tuple[int, int, int]] = collections.deque()
+        self._desc = bytearray(_DESC.size)
+
+    def close(self) -> None:
+        """Remove the stash's name and unmap it (a receiver that mapped it keeps it)."""
+        segments.unlink(self.name)
+        self.words = self.mem = None
+        self.blocks.clear()
+        with contextlib.suppress(BufferError):
+            self.seg.close()
+
+    def outstanding(self) -> list[int]:
+        """The receivers (global ranks) of the blocks not taken yet, oldest first."""
+        self._free()
+        return [dst for _, _, dst in self.blocks]
+
+    def _free(self) -> None:
+        blocks, words = self.blocks, self.words
+        while blocks and words[blocks[0][0] // 4]:
+            blocks.popleft()
+
+    def _place(self, need: int) -> int | None:
+        self._free()
+        if not self.blocks:
+            return HEADER if HEADER + need <= self.size else None
+        first, end = self.blocks[0][0], self.blocks[-1][1]
+        if end > first:  # not wrapped: after the last block, or from the start
+            if end + need <= self.size:
+                return end
+            return HEADER if HEADER + need <= first else None
+        return end if end + need <= first else None
+
+    def put(self, payload: np.ndarray, dst: int) -> bytes | None:
+        """Copy ``payload`` (bytes) into a new block for global rank ``dst``: the
+        record's descriptor, or None if there is no room (nothing was changed)."""
+        need = BLOCK + -(-payload.nbytes // BLOCK) * BLOCK
+        at = self._place(need)
+        if at is None:
+            return None
+        self.words[at // 4] = 0  # DONE: not yet (a receiver stores 1)
+        self.mem[at + BLOCK:at + BLOCK + payload.nbytes] = payload
+        self.blocks.append((at, at + need, dst))
+        return _DESC.pack(os.getpid(), at, payload.nbytes)
+
+    def unput(self) -> None:
+        """Free the newest block (its record was not written)."""
+        self.blocks.pop()

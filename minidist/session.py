@@ -23,7 +23,7 @@ from .algorithms import shm as shm_algorithm
 from .engine import Engine
 from .env import LaunchConfig
 from .errors import DistError, DistTimeoutError, PeerLostError, RendezvousError
-from .fast_p2p import FastP2P
+from .fast_p2p import LINGER, FastP2P
 from .group import Group
 from .plan import FAST_TAG, P2P, SHM_TAG, Planner, Prepared
 from .rendezvous.agent import NodeAgent
@@ -171,6 +171,8 @@ class Session:
         if self.engine.tracer is not None:
             self.engine.tracer.flush()
         if self.p2p is not None:
+            if graceful:  # the messages still in this rank's stash: taken, or given up
+                await self.p2p.linger(min(self.timeout, LINGER))
             self.p2p.close()
         self._fast.clear()
         for seg in [*self._segments.values(), *self._fast_maps]:

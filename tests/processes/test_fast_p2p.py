@@ -45,6 +45,21 @@ def test_messages_sent_before_leaving_are_received_then_the_receive_fails():
     assert "LEFT [1] True" in left[0] and float(left[0].split()[-1]) < 30
 
 
+@pytest.mark.parametrize("what", ["leave_large", "kill_large", "stopped_large"])
+def test_large_messages_outlive_their_sender_or_fail_their_receive(what):
+    """Messages waiting in the stash of a sender that leaves are taken by the receiver's
+    loop first; those of a killed sender are read from its stash; one nobody could take
+    in time fails its receive. Then the next receive fails: nothing waits for ever."""
+    with Job(2, SCRIPTS / "fast_p2p_fail.py", what) as job:
+        job.wait(90)
+    lost = [line for line in job.out.splitlines() if "LOST LARGE" in line]
+    assert len(lost) == 1, job.out[-2000:] + job.err[-2000:]
+    seconds = float(lost[0].split("LOST LARGE [1] ")[1].split()[0])
+    assert seconds < 30, lost
+    if what == "stopped_large":
+        assert "left before its 1048576-byte message was taken" in lost[0]
+
+
 def test_a_receive_times_out_and_gives_its_number_back():
     with Job(2, SCRIPTS / "fast_p2p_fail.py", "silent") as job:
         rc = job.wait(90)

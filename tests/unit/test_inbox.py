@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from minidist import inbox, segments, wire
-from minidist.inbox import MESSAGE_BYTES, RING_SLOTS, Inbox, Outbox
+from minidist.inbox import MESSAGE_BYTES, RING_SLOTS, Inbox, Outbox, Stash
 
 pytestmark = pytest.mark.skipif(not segments.available(), reason="needs /dev/shm")
 
@@ -152,5 +152,108 @@ def test_a_payload_larger_than_a_record_is_never_read_past_its_slot(box):
     b.set_open(True)
     assert out.put(_header(1, 0, MESSAGE_BYTES + 64), None) == 1  # a lying header
     raw, payload = b.take(0)
-    assert payload.nbytes == 0
+    assert payload is None  # read as a stash's record: no stash of pid 0, nothing read
     out.close()
+
+
+@pytest.fixture
+def stashed(box):
+    """An inbox (rank 2 of 3), rank 1's outbox to it, and rank 1's stash of 1 MiB."""
+    job, b = box
+    out = Outbox.attach(job, 2, 3, 1)
+    stash = Stash(job, 1, size=1 << 20)
+    b.set_open(True)
+    try:
+        yield b, out, stash
+    finally:
+        out.close()
+        stash.close()
+    assert not os.path.exists(os.path.join(segments.SHM_DIR, stash.name))
+
+
+def _send_large(out, stash, seq: int, payload: np.ndarray, dst: int = 2) -> int:
+    desc = stash.put(payload.view(np.uint8), dst)
+    if desc is None:
+        return 0
+    return out.put(_header(1, seq, payload.nbytes), memoryview(desc))
+
+
+def test_a_large_message_waits_in_the_stash_and_its_block_is_freed_once_taken(stashed):
+    b, out, stash = stashed
+    for seq, nbytes in enumerate([MESSAGE_BYTES + 1, 100_000, 500_000, 1_000_000]):
+        payload = np.random.default_rng(seq).integers(0, 255, nbytes, dtype=np.uint8)
+        assert _send_large(out, stash, seq, payload) == 1
+        assert stash.outstanding() == [2]
+        into = np.zeros(nbytes, np.uint8) if seq % 2 else None
+        raw, got = b.take(1, into)
+        assert wire.decode_header(raw).nbytes == nbytes
+        assert got.tobytes() == payload.tobytes()
+        if into is not None:
+            assert got is into  # copied straight into the receive's buffer
+        else:
+            assert not np.shares_memory(got, stash.mem)
+        assert stash.outstanding() == []  # the receiver stored DONE after its copy
+        assert stash.blocks == type(stash.blocks)()
+
+
+def test_stash_blocks_wrap_around_and_a_full_stash_takes_nothing(stashed):
+    b, out, stash = stashed
+    nbytes = 300_000  # three fit in 1 MiB, a fourth does not
+    data = [np.full(nbytes, k, np.uint8) for k in range(8)]
+    assert [_send_large(out, stash, k, data[k]) for k in range(4)] == [1, 1, 1, 0]
+    assert len(stash.blocks) == 3  # the fourth changed nothing
+    assert stash.outstanding() == [2, 2, 2]
+    for k in range(3, 8):  # take the oldest, put the next: the blocks go around
+        raw, got = b.take(1)
+        assert (got == k - 3).all() and wire.decode_header(raw).seq == k - 3
+        assert _send_large(out, stash, k, data[k]) == 1
+    firsts = [at for at, _, _ in stash.blocks]
+    assert firsts != sorted(firsts)  # wrapped: a block after the end starts at the front
+    for k in range(5, 8):
+        assert (b.take(1)[1] == k).all()
+    assert stash.outstanding() == []
+    assert stash.put(data[0], 2) is not None  # all free: from the front again
+    assert stash.blocks[0][0] == inbox.HEADER
+    stash.unput()
+    assert not stash.blocks
+
+
+def test_a_stash_gone_before_it_was_mapped_loses_the_message_not_the_receiver(stashed):
+    b, out, stash = stashed
+    first, second = np.full(100_000, 1, np.uint8), np.full(100_000, 2, np.uint8)
+    assert _send_large(out, stash, 0, first) == 1
+    assert (b.take(1)[1] == 1).all()  # mapped now: stays readable after the unlink
+    assert _send_large(out, stash, 1, second) == 1
+    segments.unlink(stash.name)
+    assert (b.take(1)[1] == 2).all()
+    b._stashes.clear()  # as if never mapped: the name is gone, so is the message
+    assert _send_large(out, stash, 2, first) == 1
+    raw, got = b.take(1)
+    assert got is None and wire.decode_header(raw).seq == 2
+    assert b.take(1) is None
+
+
+def test_a_descriptor_outside_the_stash_is_refused_without_reading(stashed):
+    b, out, stash = stashed
+    for offset, nbytes in [(1 << 20, 100_000), (inbox.HEADER + 8, 100_000),
+                           (inbox.HEADER, (1 << 20) - 100)]:
+        desc = inbox._DESC.pack(os.getpid(), offset, nbytes)
+        assert out.put(_header(1, 0, nbytes), memoryview(desc)) == 1
+        raw, got = b.take(1)
+        assert got.nbytes == 0  # the receive's size check refuses it
+
+
+def test_only_a_stash_of_this_user_alone_is_mapped(stashed):
+    b, out, stash = stashed
+    assert _send_large(out, stash, 0, np.ones(100_000, np.uint8)) == 1
+    path = os.path.join(segments.SHM_DIR, stash.name)
+    os.chmod(path, 0o644)
+    assert b.take(1)[1] is None  # readable by others: not ours alone, never mapped
+    os.chmod(path, 0o600)
+    assert _send_large(out, stash, 1, np.ones(100_000, np.uint8)) == 1
+    if os.geteuid() == 0:
+        os.chown(path, 4321, 4321)
+        assert b.take(1)[1] is None
+        os.chown(path, 0, 0)
+    else:
+        b.take(1)

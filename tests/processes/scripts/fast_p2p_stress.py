@@ -26,8 +26,9 @@ def expect(k: int, nbytes: int, dtype, src: int) -> np.ndarray:
     return (np.arange(count) * 7 + k * 13 + src * 1000).astype(dtype)
 
 
-# A: ping-pong 0 <-> 1, sizes on both sides of the inbox's limit
-sizes = rng.choice([1, 8, 1024, 4096, 65536, 65537, 80000], 600)
+# A: ping-pong 0 <-> 1, sizes on both sides of the inbox's limit, of the stash's (16 MiB)
+sizes = rng.choice([1, 8, 1024, 4096, 65536, 65537, 80000, 1 << 20, 3_000_001], 600)
+sizes[rng.integers(0, 600, 3)] = (16 << 20) + 8  # too large for the stash: the socket
 kinds = rng.integers(0, len(DTYPES), 600)
 for k, (nb, kd) in enumerate(zip(sizes, kinds)):
     dt = DTYPES[kd]
@@ -42,17 +43,20 @@ for k, (nb, kd) in enumerate(zip(sizes, kinds)):
         assert (buf == expect(k, nb, dt, 0)).all(), ("A", k)
         minidist.send(data(k, nb, dt), 0, tag=1)
 
-# B: ten messages with ten tags, received in a shuffled order (the ring fills)
+# B: ten messages with ten tags, received in a shuffled order (the ring fills); every
+# other round large ones, which wait in the sender's stash (some of them moved to the
+# mailbox by the receive that looks for another tag)
 for rnd in range(20):
     order = rng.permutation(10)
+    nb = 64 if rnd % 2 else 300_000
     if rank == 1:
         for t in range(10):
-            minidist.send(data(rnd * 10 + t, 64, np.int64), 0, tag=100 + t)
+            minidist.send(data(rnd * 10 + t, nb, np.int64), 0, tag=100 + t)
     elif rank == 0:
         for t in order:
-            buf = np.empty(8, np.int64)
+            buf = np.empty(nb // 8, np.int64)
             minidist.recv(buf, 1, tag=100 + int(t))
-            assert (buf == expect(rnd * 10 + int(t), 64, np.int64, 1)).all(), ("B", rnd, t)
+            assert (buf == expect(rnd * 10 + int(t), nb, np.int64, 1)).all(), ("B", rnd, t)
     minidist.barrier()
 
 # C: one tag, taken by every kind of receive in turn (blocking, async, any source,
@@ -117,9 +121,9 @@ elif rank == 0:
     assert (big[::2] == np.arange(6)).all() and (big[1::2] == 0).all()
 
 p2p = door()._session.p2p
-counts = np.array([p2p.sent, p2p.received], np.int64)
+counts = np.array([p2p.sent, p2p.received, p2p.stashed], np.int64)
 minidist.all_reduce(counts)
-assert counts[0] > 0 and counts[1] > 0, counts  # the inboxes carried messages
+assert counts.all(), counts  # the inboxes and the stashes carried messages
 minidist.barrier()
 if rank == 0:
     print(f"FAST P2P OK {counts[0]} {counts[1]}", flush=True)

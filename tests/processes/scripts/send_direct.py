@@ -13,7 +13,8 @@ from minidist import api
 minidist.init()
 rank = minidist.get_rank()
 if rank == 0:
-    minidist.send(np.arange(10_000.0), 1)  # too large for an inbox: opens the connection
+    # too large for the inbox and for the stash: opens the connection
+    minidist.send(np.arange(2_100_000.0), 1)
     minidist.send_object({"hello": 1}, 1)
     released = threading.Event()
     outcome = []
@@ -27,9 +28,9 @@ if rank == 0:
     assert outcome == [True], "a small blocking send waited for the event loop"
     print("DIRECT SENDS OK", flush=True)
 else:
-    a = np.zeros(10_000)
+    a = np.zeros(2_100_000)
     minidist.recv(a, 0)
-    assert (a == np.arange(10_000.0)).all()
+    assert (a == np.arange(2_100_000.0)).all()
     assert minidist.recv_object(0) == {"hello": 1}
     for i in range(50):
         b = np.zeros(8)
