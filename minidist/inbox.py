@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import glob
 import mmap
 import os
@@ -67,10 +68,10 @@ RECORD = HEADER + MESSAGE_BYTES
 RING = 64 + RING_SLOTS * RECORD
 INBOX_KEY = 0x1B0C << 48  # the "group" part of an inbox's segment name, | the rank
 MAGIC = 0x78_6F_62_6E_69_64_6D_31  # "1mdinbox"
-STASH_BYTES = 16 << 20  # a sender's stash of messages too large for a record
+BLOCK = 64  # a stash block's header (its DONE word) and alignment
+STASH_BYTES = (16 << 20) + HEADER + BLOCK  # a sender's stash: a message of 16 MiB fits
 STASH_KEY = 0x57A5 << 48  # the "group" part of a stash's segment name, | the rank
 STASH_MAGIC = 0x68_73_61_74_73_64_6D_31  # "1mdstash"
-BLOCK = 64  # a stash block's header (its DONE word) and alignment
 _DESC = struct.Struct("<qqq")  # a stash record's payload: pid, offset, nbytes
 _OPEN, _BELL, _SLEEPING, _MAGIC, _RINGS = 0, 4, 8, 16, 24
 _HEAD, _TAIL = 0, 32
@@ -343,6 +344,9 @@ class Stash:
     def __init__(self, job: str, rank: int, size: int = STASH_BYTES) -> None:
         self.name = stash_name(job, rank, os.getpid())
         _sweep(job, rank, stash_name)
+        fs = os.statvfs(segments.SHM_DIR)
+        if fs.f_bavail * fs.f_frsize < 2 * size:  # a write to a page that finds /dev/shm
+            raise OSError(errno.ENOSPC, "little room in /dev/shm")  # full kills (SIGBUS)
         self.seg = segments.create(self.name, size)
         self.mem = np.frombuffer(self.seg, np.uint8)
         self.words = self.mem.view(np.int32)

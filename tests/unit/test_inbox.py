@@ -257,3 +257,26 @@ def test_only_a_stash_of_this_user_alone_is_mapped(stashed):
         os.chown(path, 0, 0)
     else:
         b.take(1)
+
+
+def test_a_default_stash_holds_a_message_of_16_mib_and_no_more():
+    stash = Stash(secrets.token_hex(10), 1)
+    try:
+        assert stash.put(np.zeros((16 << 20) + 1, np.uint8), 2) is None
+        assert stash.put(np.zeros(16 << 20, np.uint8), 2) is not None
+    finally:
+        stash.close()
+
+
+def test_no_stash_is_made_when_dev_shm_has_little_room(monkeypatch):
+    real = os.statvfs(segments.SHM_DIR)
+
+    class Full:
+        f_frsize, f_bavail = real.f_frsize, (inbox.STASH_BYTES // real.f_frsize)
+
+    job = secrets.token_hex(10)
+    monkeypatch.setattr(inbox.os, "statvfs", lambda path: Full)
+    with pytest.raises(OSError, match="little room"):
+        Stash(job, 1)
+    assert not os.path.exists(os.path.join(segments.SHM_DIR, inbox.stash_name(job, 1,
+                                                                               os.getpid())))
