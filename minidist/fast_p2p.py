@@ -1,14 +1,15 @@
-"""Small point-to-point messages on one node through shared memory, on the caller's
-thread: no socket and no event loop on either side.
+"""Point-to-point messages on one node through shared memory, on the caller's thread:
+no socket and no event loop on either side.
 
-A blocking receive from a known rank of this node, into at most
-:data:`~minidist.inbox.MESSAGE_BYTES` (or of an object), opens this rank's inbox
-(:mod:`minidist.inbox`, created at the first such receive) and waits there: it spins
-briefly while the node's ranks fit its cores, yields while they are a few per core,
-then sleeps on the inbox's bell. A send of at most that many bytes to a rank of this
-node whose inbox is open writes the message into its ring of that inbox and wakes the
-receiver only if it sleeps. Everything else, and a message that finds the inbox closed
-or its ring full, goes through the socket as before.
+A blocking receive from a known rank of this node (into a buffer of any size, or of an
+object) opens this rank's inbox (:mod:`minidist.inbox`, created at the first such
+receive) and waits there: it spins briefly while the node's ranks fit its cores, yields
+while they are a few per core, then sleeps on the inbox's bell. A send to a rank of
+this node whose inbox is open writes the message into its ring of that inbox (one of
+more than :data:`~minidist.inbox.MESSAGE_BYTES` into this rank's stash, and a record of
+it into the ring) and wakes the receiver only if it sleeps. Everything else, and a
+message that finds the inbox closed, its ring full or the stash without room, goes
+through the socket as before.
 
 Both ways carry the same frame header and the same numbers (per group, peer and tag), so
 which way a message went never changes what a receive takes: a receive looks in the
@@ -19,11 +20,13 @@ arrives or a peer is gone while a receiver waits there.
 
 The inbox stays open after a receive (the next one is likely soon), so the rings may
 hold messages while nobody waits on them. Whatever receives on the loop instead (a
-receive with ``async_op``, from any rank, of a larger buffer, a probe, minidist.aio)
-first closes the inbox and moves what the rings hold to the mailbox; a sender that
-wrote a record while the inbox closed then sees it closed, and sends a doorbell frame
-(an empty message with :data:`DOORBELL_TAG`) through the socket: the receiver's loop
-moves the rings' records to the mailbox (the fence argument is in :mod:`minidist.inbox`).
+receive with ``async_op``, from any rank, a probe, minidist.aio) first closes the inbox
+and moves what the rings hold to the mailbox; a sender that wrote a record while the
+inbox closed then sees it closed, and sends a doorbell frame (an empty message with
+:data:`DOORBELL_TAG`) through the socket: the receiver's loop moves the rings' records
+to the mailbox (the fence argument is in :mod:`minidist.inbox`). A sender that leaves
+rings the doorbell of every receiver whose message is still in its stash, and waits
+(:meth:`FastP2P.linger`) until their loops took them.
 """
 
 from __future__ import annotations
