@@ -78,6 +78,19 @@ the signatures) reduces all chunks in rank order into its result, so every rank
 computes the same bits. A chunk of bank ``f % 2`` is next written for number ``f + 2``,
 after barrier ``f + 1``, which every rank reaches only once it has read them.
 
+A broadcast above :data:`SLOT_BYTES` (on a group of at most :data:`MID_RANKS`) goes
+through the same banks, in steps of their ranks' chunks (:func:`bank_bytes`, ``size *
+MID_CHUNK`` bytes; never the result chunk, which a late rank may still be copying a
+chunked all_reduce's last result out of): step ``j`` of a call whose first number is
+``f`` is copied in by the root into bank ``(f + j) % 2``, then barrier ``f + j`` (the
+first compares the signatures), then copied out by the others while the root copies
+in step ``j + 1``. A rank's chunks of bank ``b`` are written, by any call, only after
+the barrier that follows every read of them: the root writes step ``j + 1`` after
+barrier ``f + j``, which the others reach only after copying out step ``j - 1`` of the
+same bank, and a call's first writes go to the bank its predecessor's last barrier did
+not (a one-barrier all_reduce, a broadcast's step) or to the chunks that it read only
+before that barrier (a chunked all_reduce's last chunk).
+
 An all_reduce above :data:`DIRECT_MIN` (above :data:`DIRECT_MIN_WIDE` on groups of
 more than :data:`MID_RANKS`) on a group whose ranks can read each other's memory
 (:mod:`minidist.peer_memory`; the planner knows from every rank's key) takes
@@ -213,16 +226,26 @@ def segment_bytes(size: int) -> int:
     return _mid_at(size) + 2 * (size + 1) * MID_CHUNK
 
 
+def bank_bytes(size: int) -> int:
+    """The bytes of the ranks' chunks of one bank of the mid area of a group of ``size``
+    ranks (not its result chunk, which a late rank may still be copying out of): what
+    one step of a broadcast through it carries."""
+    return size * MID_CHUNK
+
+
 def takes(collective: str, size: int, nbytes: int, direct: bool = False) -> bool:
     """Whether a call of ``collective`` (a lower-case name) of ``nbytes`` on a group of
     ``size`` ranks fits the fast path (when its group is on one node and the fast path
     is allowed): all_reduce, broadcast and barrier up to SLOT_BYTES on up to MAX_RANKS
-    ranks; all_reduce up to MID_BYTES on up to MID_RANKS ranks; with ``direct`` (the
-    ranks can read each other's memory), every all_reduce above DIRECT_MIN (above
-    DIRECT_MIN_WIDE on more than MID_RANKS ranks) on up to MAX_RANKS ranks."""
+    ranks; all_reduce up to MID_BYTES and every broadcast on up to MID_RANKS ranks; with
+    ``direct`` (the ranks can read each other's memory), every all_reduce above
+    DIRECT_MIN (above DIRECT_MIN_WIDE on more than MID_RANKS ranks) on up to MAX_RANKS
+    ranks."""
     if collective == "all_reduce" and (
             (reads_peers(collective, nbytes, direct, size) and size <= MAX_RANKS)
             or (nbytes <= MID_BYTES and size <= MID_RANKS)):
+        return True
+    if collective == "broadcast" and size <= MID_RANKS:
         return True
     return collective in FAST_COLLECTIVES and nbytes <= SLOT_BYTES and size <= MAX_RANKS
 
@@ -244,14 +267,17 @@ def gathers(nbytes: int, size: int) -> bool:
     return SLOT_BYTES < nbytes and size * nbytes <= GATHER_BYTES and size <= MID_RANKS
 
 
-def numbers(nbytes: int, itemsize: int, reads: bool = False, size: int = 2) -> int:
-    """How many of its group's fast-call numbers a fast call of ``nbytes`` on a group of
-    ``size`` ranks uses (``reads``: one that reads its peers' vectors, see
-    :func:`reads_peers`)."""
+def numbers(nbytes: int, itemsize: int, reads: bool = False, size: int = 2,
+            collective: str = "all_reduce") -> int:
+    """How many of its group's fast-call numbers a fast call of ``collective`` of
+    ``nbytes`` on a group of ``size`` ranks uses (``reads``: one that reads its peers'
+    vectors, see :func:`reads_peers`)."""
     if reads:
         return 3
     if nbytes <= SLOT_BYTES or gathers(nbytes, size):
         return 1
+    if collective == "broadcast":
+        return -(-nbytes // bank_bytes(size))
     chunk = MID_CHUNK // itemsize
     return -(-(nbytes // itemsize) // chunk) + 1
 
@@ -372,11 +398,13 @@ class Slots:
         if reads:
             self._run_reads(f, call, out, src, op, waits)
             return
-        if gathers(out.nbytes, self.size):
-            self._run_gather(f, call, out, src, op, waits)
-            return
         if out.nbytes > SLOT_BYTES:
-            self._run_mid(f, call, out, src, op, waits)
+            if call.kind == _BROADCAST:
+                self._run_bcast(f, call, out, src, waits)
+            elif gathers(out.nbytes, self.size):
+                self._run_gather(f, call, out, src, op, waits)
+            else:
+                self._run_mid(f, call, out, src, op, waits)
             return
         parity, number = f % 2, (f + 1) & 0x7FFFFFFF
         me = self.me
@@ -441,6 +469,24 @@ class Slots:
         """Chunk ``slot`` (a group rank, or ``size`` for the result) of a mid-area bank."""
         at = self.mid_at + (bank * (self.size + 1) + slot) * MID_CHUNK
         return self.mem[at:at + MID_CHUNK].view(dtype)
+
+    def _run_bcast(self, f: int, call, out: np.ndarray, src: np.ndarray,
+                   waits: tuple) -> None:
+        """A broadcast of more than a slot through the mid area (see the module): the
+        root copies step ``j`` into the ranks' chunks of bank ``(f + j) % 2``; after
+        barrier ``f + j`` the others copy it out while the root copies in step ``j + 1``."""
+        root = self.group.rank_of(call.root)
+        data = (src if self.me == root else out).view(np.uint8).reshape(-1)
+        span, total = bank_bytes(self.size), out.nbytes
+        for j in range(-(-total // span)):
+            lo, hi = j * span, min(total, (j + 1) * span)
+            at = self.mid_at + ((f + j) % 2) * span
+            bank = self.mem[at:at + hi - lo]
+            if self.me == root:
+                bank[:] = data[lo:hi]
+            self._barrier(f + j, call, _NOTHING, waits, check=j == 0)
+            if self.me != root:
+                data[lo:hi] = bank
 
     def _run_gather(self, f: int, call, out: np.ndarray, src: np.ndarray, op: ReduceOp,
                     waits: tuple) -> None:

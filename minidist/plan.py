@@ -340,7 +340,7 @@ class Planner:
         f = self._fast_calls.get(g.id, 0)
         nbytes = count * flat.itemsize
         reads = fastpath.reads_peers(kind.name.lower(), nbytes, direct, g.size)
-        uses = fastpath.numbers(nbytes, flat.itemsize, reads, g.size)
+        uses = fastpath.numbers(nbytes, flat.itemsize, reads, g.size, kind.name.lower())
         self._fast_calls[g.id] = f + uses
         name = "single_copy" if reads else "shared_slots"
         if log.isEnabledFor(logging.DEBUG):

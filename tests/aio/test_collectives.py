@@ -269,15 +269,21 @@ async def test_shared_memory_refused_where_it_cannot_work(job, monkeypatch):
 
 
 @pytest.mark.parametrize("n", [2, 4])
-async def test_large_broadcast_goes_through_shared_memory(n):
+@pytest.mark.parametrize("fast", [True, False])
+async def test_large_broadcast_goes_through_shared_memory(n, fast):
+    """Through the fast path's mid area (several steps), or with the fast path off
+    through the segment's shared_memory schedule."""
     sessions = await start_job(n, timeout=30)
     try:
-        count = 3_000_000  # several chunks
+        count = 3_000_000 if fast else 2_100_000  # fast: several steps
+        for s in sessions:
+            s.plan.fast = s.plan.fast and fast
+        want = "shared_slots" if sessions[0].plan.fast else "shared_memory"
         for root in (0, n - 1):
             arrays = [np.full(count, s.rank, np.float32) for s in sessions]
             preps = [s.plan.prepare_broadcast(a, root, None, None)
                      for s, a in zip(sessions, arrays)]
-            assert {p.call.algorithm_name for p in preps} == {"shared_memory"}
+            assert {p.call.algorithm_name for p in preps} == {want}
             await asyncio.gather(*(s.execute(p) for s, p in zip(sessions, preps)))
             assert all((a == root).all() for a in arrays)
     finally:

@@ -81,6 +81,14 @@ def test_mid_size_all_reduces_through_shared_memory_stay_exact(n):
     assert job.out.count("MID STRESS OK") == n
 
 
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_broadcasts_through_shared_memory_stay_exact(n):
+    with Job(n, SCRIPTS / "fast_bcast_stress.py") as job:
+        rc = job.wait(110)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    assert job.out.count("BCAST STRESS OK") == n
+
+
 @pytest.mark.parametrize("n,reads", [(2, "on"), (3, "on"), (5, "on"), (3, "off")])
 def test_large_all_reduces_that_read_the_peers_stay_exact(n, reads):
     """Above DIRECT_MIN each rank reduces its share straight from the others' vectors;
@@ -107,16 +115,18 @@ def test_ranks_waiting_in_small_calls_sleep(n):
     assert cpu < 0.15 * (n - 1), line  # each waited 2 s: busy waiting would cost ~2 s each
 
 
-@pytest.mark.parametrize("victim,central_above,count",
-                         [(0, 1, 4), (2, 1, 4), (1, 64, 4), (2, 64, 300_000),
-                          (3, 64, 4_200_000)])
+@pytest.mark.parametrize("victim,central_above,count,call",
+                         [(0, 1, 4, ""), (2, 1, 4, ""), (1, 64, 4, ""),
+                          (2, 64, 300_000, ""), (3, 64, 4_200_000, ""),
+                          (0, 64, 3_000_000, "broadcast"), (2, 64, 3_000_000, "broadcast")])
 def test_a_rank_killed_in_small_calls_is_reported_within_seconds(victim, central_above,
-                                                                count):
+                                                                count, call):
     """Through the shared slots, waiting on each peer or gathered at group rank 0 (whose
     death leaves the others waiting on its release) alike, through the mid area (1.2 MB:
-    two chunks, three barriers), and in calls that read the peers' vectors (16.8 MB)."""
-    with Job(4, SCRIPTS / "fast_kill.py", str(victim), str(central_above), str(count)
-             ) as job:
+    two chunks, three barriers), in calls that read the peers' vectors (16.8 MB), and in
+    broadcasts through the mid area (12 MB: three steps), of the root or another rank."""
+    with Job(4, SCRIPTS / "fast_kill.py", str(victim), str(central_above), str(count),
+             call) as job:
         job.wait(90)
     lost = [line for line in job.out.splitlines() if "LOST" in line]
     assert len(lost) == 3, job.out[-2000:] + job.err[-2000:]
@@ -134,6 +144,9 @@ def test_a_rank_killed_in_small_calls_is_reported_within_seconds(victim, central
     (64, ("4200000", "4199999")),  # both read the peers' vectors, different counts
     (64, ("4200000", "300000")),  # reads against the mid area
     (64, ("3", "4200000")),  # a slot against reads
+    (64, ("300000", "200000", "broadcast")),  # broadcasts of different sizes
+    (64, ("3000000", "3000000", "broadcast_root")),  # ... from different roots
+    (64, ("3", "300000", "broadcast")),  # a slot against the mid area
 ])
 def test_small_calls_that_disagree_fail_on_every_rank(central_above, counts):
     with Job(4, SCRIPTS / "fast_mismatch.py", str(central_above), *counts) as job:

@@ -127,7 +127,19 @@ def test_numbers_of_each_kind_of_fast_call():
     assert fastpath.numbers(1 << 30, 4, reads=True) == 3
     assert fastpath.takes("all_reduce", 64, 1 << 30, direct=True)
     assert not fastpath.takes("all_reduce", 65, 1 << 30, direct=True)
-    assert not fastpath.takes("broadcast", 2, 1 << 30, direct=True)
+    # a broadcast of any size on up to MID_RANKS ranks, a step of the ranks' chunks of a
+    # bank (never reading the peers)
+    assert fastpath.takes("broadcast", 2, 1 << 30)
+    assert fastpath.takes("broadcast", fastpath.MID_RANKS, 1 << 30, direct=True)
+    assert not fastpath.takes("broadcast", fastpath.MID_RANKS + 1, fastpath.SLOT_BYTES + 1)
+    assert fastpath.takes("broadcast", fastpath.MAX_RANKS, fastpath.SLOT_BYTES)
+    assert not fastpath.reads_peers("broadcast", 1 << 30, True)
+    step = fastpath.bank_bytes(4)
+    assert step == 4 * fastpath.MID_CHUNK  # not the bank's result chunk
+    assert fastpath.numbers(fastpath.SLOT_BYTES + 4, 4, size=4, collective="broadcast") == 1
+    assert fastpath.numbers(step, 1, size=4, collective="broadcast") == 1
+    assert fastpath.numbers(step + 1, 1, size=4, collective="broadcast") == 2
+    assert fastpath.numbers(fastpath.SLOT_BYTES, 4, size=4, collective="broadcast") == 1
     assert not fastpath.reads_peers("all_reduce", fastpath.DIRECT_MIN, True)
     assert fastpath.reads_peers("all_reduce", fastpath.DIRECT_MIN + 1, True)
     wide = fastpath.MID_RANKS + 1  # no mid area: reads from DIRECT_MIN_WIDE on
