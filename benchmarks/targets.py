@@ -11,8 +11,9 @@ Targets (all_reduce of float32 on the processes of this node unless named):
 Every run is one ``minidist bench ... --json`` invocation (minidist, then gloo, then
 MPI if ``--vs`` says so): one from 4 B to 1 MiB with many calls per size (after 500
 untimed ones: the first size's times settle only after a few hundred calls), one from 4
-to 64 MiB with few. A target's verdict uses the median of its values over the repeats,
-and the table shows the ratios' min and max, so a noisy neighbour shows as a spread.
+to 64 MiB with 30 per size (after 5 untimed ones). A target's verdict uses the median
+of its values over the repeats, and the table shows the ratios' min and max, so a noisy
+neighbour shows as a spread.
 After the targets, every size of every run as medians (``--rows``: a markdown table).
 
     python benchmarks/targets.py                        # 3 repeats, --vs gloo,mpi
@@ -71,7 +72,7 @@ def runs(ns: list[int], only: set[str]) -> list[tuple[str, list[str], list[tuple
         if "large" in only:
             out.append((f"all_reduce 4 - 64 MiB n={n}",
                         ["all_reduce", "-n", str(n), "--min-bytes", "4M", "--max-bytes",
-                         "64M", "--factor", "4", "--iters", "10", "--warmup", "2"], large))
+                         "64M", "--factor", "4", "--iters", "30", "--warmup", "5"], large))
     if "barrier" in only:
         out.append(("barrier n=64", ["barrier", "-n", "64", "--iters", "200", "--warmup", "20"],
                     [("barrier n=64: <= 2000 us", 0, "max_us", 2000.0)]))
