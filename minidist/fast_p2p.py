@@ -41,6 +41,7 @@ from . import wire
 from .engine import tag_name
 from .errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError
 from .fastpath import SLICE, Patience
+from .group import Group
 from .inbox import MESSAGE_BYTES, Inbox, Outbox, Stash
 from .plan import P2P, P2P_TAG_LIMIT
 
@@ -114,18 +115,20 @@ class FastP2P:
         stash, loop = self.stash, asyncio.get_running_loop()
         if stash is None:
             return
-        e = self.engine
         with self._send_lock:
             waiting = set(stash.outstanding())
         for dst in waiting:
-            self._ring_doorbell(P2P(self.session.world, dst, DOORBELL_TAG, 0,
-                                    np.empty(0, np.uint8), 0, False, sending=True), loop)
+            self._ring_doorbell(self.session.world, dst, loop)
         end = time.monotonic() + limit
         while waiting and time.monotonic() < end:
             await asyncio.sleep(0.002)
             with self._send_lock:
-                waiting = {d for d in stash.outstanding() if d not in e.lost and
-                           d not in e.left and e.rendezvous_lost is None}
+                waiting = {d for d in stash.outstanding() if not self._unreachable(d)}
+
+    def _unreachable(self, dst: int) -> bool:
+        """Whether global rank ``dst`` died or left (or the rendezvous is lost)."""
+        e = self.engine
+        return dst in e.lost or dst in e.left or e.rendezvous_lost is not None
 
     def send(self, p: P2P, loop: asyncio.AbstractEventLoop) -> bool:
         """From the caller's thread: write ``p`` into its receiver's inbox (a large one
@@ -134,9 +137,9 @@ class FastP2P:
         dst = p.peer
         if dst not in self.ring_of:
             return False
-        e = self.engine
-        if dst in e.lost or dst in e.left or e.rendezvous_lost is not None:
+        if self._unreachable(dst):
             return False  # the socket path says why
+        e = self.engine
         with self._send_lock:
             out = self._outboxes.get(dst)
             if out is None:
@@ -157,7 +160,7 @@ class FastP2P:
             return False
         self.sent += 1
         if done == 2:
-            self._ring_doorbell(p, loop)
+            self._ring_doorbell(p.group, p.peer, loop)
         return True
 
     def _put_large(self, out: Outbox, header: bytes, flat: np.ndarray, dst: int) -> int:
@@ -184,11 +187,11 @@ class FastP2P:
             self.stashed += 1
         return done
 
-    def _ring_doorbell(self, p: P2P, loop: asyncio.AbstractEventLoop) -> None:
-        bell = P2P(p.group, p.peer, DOORBELL_TAG, 0, np.empty(0, np.uint8), 0, False,
+    def _ring_doorbell(self, group: Group, dst: int, loop: asyncio.AbstractEventLoop) -> None:
+        bell = P2P(group, dst, DOORBELL_TAG, 0, np.empty(0, np.uint8), 0, False,
                    sending=True)
         if not self.engine.send_p2p_now(bell, loop):
-            timeout = self.session.timeout_of(p.group)
+            timeout = self.session.timeout_of(group)
             loop.call_soon_threadsafe(self._send_on_loop, bell, timeout)
 
     def _send_on_loop(self, bell: P2P, timeout: float) -> None:

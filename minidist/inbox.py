@@ -128,6 +128,14 @@ def _map_own(path: str, size: int | None) -> mmap.mmap | None:
         os.close(fd)
 
 
+def _copy_out(src: np.ndarray, into: np.ndarray | None) -> np.ndarray:
+    """``src`` copied into ``into`` if it has ``src``'s size (then ``into``), else a copy."""
+    if into is not None and into.nbytes == src.nbytes:
+        into[:] = src
+        return into
+    return src.copy()
+
+
 class Inbox:
     """This rank's inbox (the reading side); ``rings`` senders, by ring index
     (``senders``: their global ranks, whose stashes hold the large messages)."""
@@ -226,12 +234,7 @@ class Inbox:
             payload = self._unstash(ring, self.mem[at + HEADER:at + HEADER + _DESC.size],
                                     nbytes, into)
         else:
-            src = self.mem[at + HEADER:at + HEADER + nbytes]
-            if into is not None and into.nbytes == nbytes:
-                into[:] = src
-                payload = into
-            else:
-                payload = src.copy()
+            payload = _copy_out(self.mem[at + HEADER:at + HEADER + nbytes], into)
         w = self.words
         w[self._heads[ring]] = (int(w[self._heads[ring]]) + 1) & _WRAP  # after the copy
         return header, payload
@@ -246,12 +249,7 @@ class Inbox:
         if size != nbytes or offset % BLOCK or offset < HEADER or \
                 offset + BLOCK + nbytes > stash.size:
             return np.empty(0, np.uint8)  # not a record a sender wrote: refused as too small
-        src = stash[offset + BLOCK:offset + BLOCK + nbytes]
-        if into is not None and into.nbytes == nbytes:
-            into[:] = src
-            payload = into
-        else:
-            payload = src.copy()
+        payload = _copy_out(stash[offset + BLOCK:offset + BLOCK + nbytes], into)
         stash.view(np.int32)[offset // 4] = 1  # DONE, after the copy's loads
         return payload
 
@@ -353,7 +351,6 @@ class Stash:
         self.size = size
         struct.pack_into("<qq", self.mem, 0, STASH_MAGIC, size)
         self.blocks: collections.deque[tuple[int, int, int]] = collections.deque()
-        self._desc = bytearray(_DESC.size)
 
     def close(self) -> None:
         """Remove the stash's name and unmap it (a receiver that mapped it keeps it)."""

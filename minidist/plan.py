@@ -339,8 +339,9 @@ class Planner:
             digest = self._digests[shape] = wire.shape_digest(shape)
         f = self._fast_calls.get(g.id, 0)
         nbytes = count * flat.itemsize
-        reads = fastpath.reads_peers(kind.name.lower(), nbytes, direct, g.size)
-        uses = fastpath.numbers(nbytes, flat.itemsize, reads, g.size, kind.name.lower())
+        collective = kind.name.lower()
+        reads = fastpath.reads_peers(collective, nbytes, direct, g.size)
+        uses = fastpath.numbers(nbytes, flat.itemsize, reads, g.size, collective)
         self._fast_calls[g.id] = f + uses
         name = "single_copy" if reads else "shared_slots"
         if log.isEnabledFor(logging.DEBUG):

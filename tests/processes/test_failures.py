@@ -64,29 +64,28 @@ def test_shared_memory_calls_back_to_back_stay_exact():
     assert job.out.count("SHM BACK TO BACK OK") == 5
 
 
+def _every_rank_passes(n: int, script: str, ok: str, *args: str) -> None:
+    """Run a stress script on ``n`` ranks: it must exit 0, every rank printing ``ok``."""
+    with Job(n, SCRIPTS / script, *args) as job:
+        rc = job.wait(110)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    assert job.out.count(ok) == n
+
+
 @pytest.mark.parametrize("n,central_above", [(2, None), (5, None), (5, 1)])
 def test_small_calls_through_shared_slots_stay_exact_under_contention(n, central_above):
     args = [] if central_above is None else [str(central_above)]
-    with Job(n, SCRIPTS / "fast_stress.py", *args) as job:
-        rc = job.wait(110)
-    assert rc == 0, job.out[-2000:] + job.err[-3000:]
-    assert job.out.count("FAST STRESS OK") == n
+    _every_rank_passes(n, "fast_stress.py", "FAST STRESS OK", *args)
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
 def test_mid_size_all_reduces_through_shared_memory_stay_exact(n):
-    with Job(n, SCRIPTS / "fast_mid_stress.py") as job:
-        rc = job.wait(110)
-    assert rc == 0, job.out[-2000:] + job.err[-3000:]
-    assert job.out.count("MID STRESS OK") == n
+    _every_rank_passes(n, "fast_mid_stress.py", "MID STRESS OK")
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
 def test_broadcasts_through_shared_memory_stay_exact(n):
-    with Job(n, SCRIPTS / "fast_bcast_stress.py") as job:
-        rc = job.wait(110)
-    assert rc == 0, job.out[-2000:] + job.err[-3000:]
-    assert job.out.count("BCAST STRESS OK") == n
+    _every_rank_passes(n, "fast_bcast_stress.py", "BCAST STRESS OK")
 
 
 @pytest.mark.parametrize("n,reads", [(2, "on"), (3, "on"), (5, "on"), (3, "off")])
@@ -96,10 +95,7 @@ def test_large_all_reduces_that_read_the_peers_stay_exact(n, reads):
     segments, and the results are the same."""
     if reads == "on" and peer_memory.key() is None:
         pytest.skip("processes cannot read each other's memory here (process_vm_readv)")
-    with Job(n, SCRIPTS / "fast_reads_stress.py", reads) as job:
-        rc = job.wait(110)
-    assert rc == 0, job.out[-2000:] + job.err[-3000:]
-    assert job.out.count("READS STRESS OK") == n
+    _every_rank_passes(n, "fast_reads_stress.py", "READS STRESS OK", reads)
 
 
 @pytest.mark.parametrize("n", [2, 5])
