@@ -58,17 +58,20 @@ banks, each with room for one chunk (:data:`MID_CHUNK` bytes of the vector) per 
 one for the result.
 Each chunk of the vector is cut into one share per rank; a rank copies into its chunk
 the shares that the others reduce, reduces its own share across all ranks (its own
-part read in place from its vector) into the result chunk, and copies the whole result
-out. The steps are ordered by barriers, each a fast call's number without payload (a
-call of ``m`` chunks uses ``m + 1`` numbers), pipelined as
+part read in place from its vector) into the result chunk, copies that share of the
+result into its vector at once (while it is in this core's cache), and the others'
+shares after the next barrier. The steps are ordered by barriers, each a fast call's
+number without payload (a call of ``m`` chunks uses ``m + 1`` numbers), pipelined as
 
     copy in 0 | B0 | reduce 0, copy in 1 | B1 | copy out 0, reduce 1, copy in 2 | B2 | ...
+
+(where "reduce j" includes copying this rank's share of it out).
 
 Chunk ``j`` of a call whose first number is ``f`` uses bank ``(f + j) % 2``. What a
 rank writes after barrier ``k`` (its chunk of bank ``(k + 1) % 2``, the result of bank
 ``k % 2``) was last read before barrier ``k`` by everyone (reduce ``k - 1``, copy out
 ``k - 2``). The first barrier compares the signatures, so the vector is first written
-(copy out 0, after B1) only once every rank is known to call the same thing; each
+(reduce 0, after B0) only once every rank is known to call the same thing; each
 element is reduced once, by one rank, in rank order, so every rank gets the same bits.
 
 A small mid-area all_reduce (:func:`gathers`: ``size * nbytes`` at most
@@ -524,14 +527,18 @@ class Slots:
             bank = (f + j) % 2
             parts = [src[a:b] if r == me else self._mid(bank, r, dt)[a - lo:b - lo]
                      for r in range(n)]
-            ops.reduce_all_into(op, self._mid(bank, n, dt)[a - lo:b - lo], parts)
+            res = self._mid(bank, n, dt)[a - lo:b - lo]
+            ops.reduce_all_into(op, res, parts)
+            out[a:b] = res  # while it is in this core's cache
 
         copy_in(0)
         for j in range(m + 1):
             self._barrier(f + j, call, _NOTHING, waits, check=j == 0)
             if j:
-                lo, hi, _, _ = bounds(j - 1, me)
-                out[lo:hi] = self._mid((f + j - 1) % 2, n, dt)[:hi - lo]
+                lo, hi, a, b = bounds(j - 1, me)
+                res = self._mid((f + j - 1) % 2, n, dt)
+                out[lo:a] = res[:a - lo]  # the others' shares
+                out[b:hi] = res[b - lo:hi - lo]
             if j < m:
                 reduce(j)
             if j + 1 < m:
