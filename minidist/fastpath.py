@@ -54,8 +54,8 @@ finds the mismatch itself.
 
 An all_reduce above :data:`SLOT_BYTES` (up to :data:`MID_BYTES`, on groups of at most
 :data:`MID_RANKS`) takes the same path through a larger area after the slots: two
-banks, each with room for one chunk (:data:`MID_CHUNK` bytes of the vector) per rank and
-one for the result.
+banks, each with room (:func:`room_bytes`) for one chunk of the vector
+(:func:`chunk_bytes`) per rank and one for the result.
 Each chunk of the vector is cut into one share per rank; a rank copies into its chunk
 the shares that the others reduce, reduces its own share across all ranks (its own
 part read in place from its vector) into the result chunk, copies that share of the
@@ -82,8 +82,8 @@ computes the same bits. A chunk of bank ``f % 2`` is next written for number ``f
 after barrier ``f + 1``, which every rank reaches only once it has read them.
 
 A broadcast above :data:`SLOT_BYTES` (on a group of at most :data:`MID_RANKS`) goes
-through the same banks, in steps of their ranks' chunks (:func:`bank_bytes`, ``size *
-MID_CHUNK`` bytes; never the result chunk, which a late rank may still be copying a
+through the same banks, in steps of their ranks' chunks (:func:`bank_bytes`, ``size``
+rooms; never the result chunk, which a late rank may still be copying a
 chunked all_reduce's last result out of): step ``j`` of a call whose first number is
 ``f`` is copied in by the root into bank ``(f + j) % 2``, then barrier ``f + j`` (the
 first compares the signatures), then copied out by the others while the root copies
@@ -139,6 +139,7 @@ MID_BYTES = 16 << 20  # the largest all_reduce through the mid area
 GATHER_BYTES = 512 << 10  # every rank reduces whole an all_reduce of at most this / ranks
 MID_RANKS = 8  # ... on groups of at most this many ranks
 MID_CHUNK = 1 << 20  # bytes of the vector per chunk of the mid area
+MID_CHUNK_PAIR = 2 << 20  # ... on groups of two ranks, for vectors of two such chunks or more
 DIRECT_MIN = 16 << 20  # all_reduces above this read the peers' vectors (peer_memory)
 DIRECT_MIN_WIDE = 4 << 20  # ... on groups of more than MID_RANKS (no mid area)
 DIRECT_CHUNK = 512 << 10  # bytes per peer that a reducing rank reads at a time
@@ -221,19 +222,32 @@ def _mid_at(size: int) -> int:
     return -(-size * 2 * SLOT // 4096) * 4096
 
 
+def room_bytes(size: int) -> int:
+    """The room of each chunk of the mid area of a group of ``size`` ranks: the largest
+    :func:`chunk_bytes` there."""
+    return MID_CHUNK_PAIR if size == 2 else MID_CHUNK
+
+
+def chunk_bytes(size: int, nbytes: int) -> int:
+    """The bytes of the vector per chunk of a chunked all_reduce of ``nbytes`` on a group
+    of ``size`` ranks: MID_CHUNK_PAIR for two ranks and a vector of at least two such
+    chunks, else MID_CHUNK (measured: the larger chunk pays only there)."""
+    return MID_CHUNK_PAIR if size == 2 and nbytes >= 2 * MID_CHUNK_PAIR else MID_CHUNK
+
+
 def segment_bytes(size: int) -> int:
     """The shared segment of a group of ``size`` ranks: its slots, then (for groups of at
     most MID_RANKS) the mid area. Pages that no call touches take no memory."""
     if size > MID_RANKS:
         return size * 2 * SLOT
-    return _mid_at(size) + 2 * (size + 1) * MID_CHUNK
+    return _mid_at(size) + 2 * (size + 1) * room_bytes(size)
 
 
 def bank_bytes(size: int) -> int:
     """The bytes of the ranks' chunks of one bank of the mid area of a group of ``size``
     ranks (not its result chunk, which a late rank may still be copying out of): what
     one step of a broadcast through it carries."""
-    return size * MID_CHUNK
+    return size * room_bytes(size)
 
 
 def takes(collective: str, size: int, nbytes: int, direct: bool = False) -> bool:
@@ -281,7 +295,7 @@ def numbers(nbytes: int, itemsize: int, reads: bool = False, size: int = 2,
         return 1
     if collective == "broadcast":
         return -(-nbytes // bank_bytes(size))
-    chunk = MID_CHUNK // itemsize
+    chunk = chunk_bytes(size, nbytes) // itemsize
     return -(-(nbytes // itemsize) // chunk) + 1
 
 
@@ -371,6 +385,7 @@ class Slots:
         self.size = group.size
         self.mem = np.frombuffer(buf, np.uint8, segment_bytes(self.size))
         self.mid_at = _mid_at(self.size)
+        self.room = room_bytes(self.size)
         self.base = self.mem.ctypes.data
         self.words = self.mem.view(np.int32)  # the slot numbers, by int32 index
         self.patience = Patience()
@@ -470,8 +485,8 @@ class Slots:
 
     def _mid(self, bank: int, slot: int, dtype: np.dtype) -> np.ndarray:
         """Chunk ``slot`` (a group rank, or ``size`` for the result) of a mid-area bank."""
-        at = self.mid_at + (bank * (self.size + 1) + slot) * MID_CHUNK
-        return self.mem[at:at + MID_CHUNK].view(dtype)
+        at = self.mid_at + (bank * (self.size + 1) + slot) * self.room
+        return self.mem[at:at + self.room].view(dtype)
 
     def _run_bcast(self, f: int, call, out: np.ndarray, src: np.ndarray,
                    waits: tuple) -> None:
@@ -506,7 +521,7 @@ class Slots:
                  waits: tuple) -> None:
         """An all_reduce of more than a slot through the mid area (see the module)."""
         n, me, dt = self.size, self.me, out.dtype
-        chunk = MID_CHUNK // out.itemsize
+        chunk = chunk_bytes(n, out.nbytes) // out.itemsize
         count = out.size
         m = -(-count // chunk)
 

@@ -115,15 +115,26 @@ def test_large_all_reduces_read_the_peers_only_where_every_rank_can(n):
 
 def test_numbers_of_each_kind_of_fast_call():
     assert fastpath.numbers(8, 4) == 1
-    assert fastpath.numbers(fastpath.MID_CHUNK * 2, 4) == 3  # two chunks, three barriers
+    assert fastpath.numbers(fastpath.MID_CHUNK * 2, 4, size=4) == 3  # two chunks, 3 barriers
     assert fastpath.numbers(fastpath.MID_BYTES, 4, size=8) == 17  # 1 MiB chunks
+    assert fastpath.numbers(fastpath.MID_BYTES, 4, size=2) == 9  # 2 MiB chunks for pairs
+    pair = fastpath.MID_CHUNK_PAIR
+    assert fastpath.numbers(2 * pair, 4, size=2) == 3
+    assert fastpath.numbers(2 * pair - 4, 4, size=2) == -(-(2 * pair) // fastpath.MID_CHUNK) + 1
+    assert fastpath.chunk_bytes(3, 2 * pair) == fastpath.MID_CHUNK
+    assert fastpath.room_bytes(2) == pair and fastpath.room_bytes(3) == fastpath.MID_CHUNK
     # every rank reduces whole, after one barrier, up to GATHER_BYTES / size
     whole = fastpath.GATHER_BYTES // 4
     assert fastpath.gathers(whole, 4) and fastpath.numbers(whole, 4, size=4) == 1
     assert not fastpath.gathers(whole + 4, 4) and fastpath.numbers(whole + 4, 4, size=4) == 2
     assert not fastpath.gathers(fastpath.SLOT_BYTES, 2)
     assert not fastpath.gathers(fastpath.SLOT_BYTES + 4, fastpath.MID_RANKS + 1)
-    assert fastpath.segment_bytes(8) > fastpath.segment_bytes(4) > fastpath.segment_bytes(2)
+    assert fastpath.segment_bytes(8) > fastpath.segment_bytes(4)
+    # slots, then two banks of n + 1 chunks (the ranks' and the result)
+    assert fastpath.segment_bytes(2) >= 2 * 3 * fastpath.room_bytes(2)
+    assert fastpath.segment_bytes(4) >= 2 * 5 * fastpath.MID_CHUNK
+    assert fastpath.segment_bytes(fastpath.MID_RANKS + 1) == (
+        (fastpath.MID_RANKS + 1) * 2 * fastpath.SLOT)  # no mid area
     assert fastpath.numbers(1 << 30, 4, reads=True) == 3
     assert fastpath.takes("all_reduce", 64, 1 << 30, direct=True)
     assert not fastpath.takes("all_reduce", 65, 1 << 30, direct=True)
@@ -136,6 +147,7 @@ def test_numbers_of_each_kind_of_fast_call():
     assert not fastpath.reads_peers("broadcast", 1 << 30, True)
     step = fastpath.bank_bytes(4)
     assert step == 4 * fastpath.MID_CHUNK  # not the bank's result chunk
+    assert fastpath.bank_bytes(2) == 2 * fastpath.room_bytes(2)
     assert fastpath.numbers(fastpath.SLOT_BYTES + 4, 4, size=4, collective="broadcast") == 1
     assert fastpath.numbers(step, 1, size=4, collective="broadcast") == 1
     assert fastpath.numbers(step + 1, 1, size=4, collective="broadcast") == 2
