@@ -393,6 +393,7 @@ class Slots:
         self.waits = 0
         self.central = self.size > CENTRAL_ABOVE
         self._scratch = np.empty(0, np.uint8)
+        self._views: dict[tuple, list[np.ndarray]] = {}  # see _typed
 
     def _word(self, rank: int, parity: int) -> int:
         return ((rank * 2 + parity) * SLOT) // 4
@@ -426,7 +427,10 @@ class Slots:
             return
         parity, number = f % 2, (f + 1) & 0x7FFFFFFF
         me = self.me
-        mine = self._publish(parity, number, call, src.view(np.uint8).reshape(-1))
+        views = self._views.get((parity, out.dtype, out.size))
+        if views is None:
+            views = self._typed(parity, out.dtype, out.size)
+        mine = self._publish(parity, number, call, src, views[me] if src.size else None)
         waiting = (parity, number, *waits)
         if self.central:
             head = self._word(0, parity)
@@ -437,8 +441,8 @@ class Slots:
                 if differs is not None:
                     self.words[head + DIFFERS // 4] = number
                 elif call.kind == _ALL_REDUCE:  # once, for all: they copy the result
-                    self._reduce_all(out, op, parity)
-                    self._payload(0, parity, out.nbytes)[:] = out.view(np.uint8).reshape(-1)
+                    ops.reduce_all_into(op, out, views)
+                    views[0][:] = out
                 self.words[head + RELEASE // 4] = number  # after those stores
                 self._wake(head + RELEASE // 4, SLEEPING_RELEASE - RELEASE)
             else:
@@ -458,17 +462,33 @@ class Slots:
         if call.kind == _BROADCAST:
             root = self.group.rank_of(call.root)
             if root != me:
-                out.view(np.uint8).reshape(-1)[:] = self._payload(root, parity, out.nbytes)
+                out[:] = views[root]
         elif call.kind == _ALL_REDUCE:
             if not self.central:
-                self._reduce_all(out, op, parity)
+                ops.reduce_all_into(op, out, views)  # in rank order: the same bits
             elif me != 0:  # group rank 0 left the result in its payload
-                out.view(np.uint8).reshape(-1)[:] = self._payload(0, parity, out.nbytes)
+                out[:] = views[0]
 
-    def _publish(self, parity: int, number: int, call, data: np.ndarray) -> tuple:
-        """Write this rank's payload and signature, then its slot number; its signature."""
+    def _typed(self, parity: int, dtype: np.dtype, count: int) -> list[np.ndarray]:
+        """Every rank's payload of slot ``parity`` as ``count`` elements of ``dtype``
+        (kept for the next call of that shape: making them costs more than a small
+        call's copies)."""
+        if len(self._views) >= 256:
+            self._views.clear()
+        nbytes = count * dtype.itemsize
+        views = self._views[(parity, dtype, count)] = [
+            self._payload(r, parity, nbytes).view(dtype) for r in range(self.size)]
+        return views
+
+    def _publish(self, parity: int, number: int, call, data: np.ndarray,
+                 into: np.ndarray | None = None) -> tuple:
+        """Write this rank's payload (``data``, bytes; or into ``into``, this rank's
+        payload as ``data``'s type) and signature, then its slot number; its signature."""
         me = self.me
-        self._payload(me, parity, data.size)[:] = data
+        if into is not None:
+            into[:] = data
+        elif data.size:
+            self._payload(me, parity, data.size)[:] = data
         _SIG.pack_into(self.mem, (me * 2 + parity) * SLOT + 4, call.kind, call.dtype,
                        call.op, call.root, call.count, call.seq, call.shape)
         self.words[self._word(me, parity)] = number  # after the payload: readers see both
@@ -636,13 +656,6 @@ class Slots:
         self._barrier(f + 2, call, _NOTHING, waits)  # nobody reads us now
         if res is not out:
             np.copyto(out, res)
-
-    def _reduce_all(self, out: np.ndarray, op: ReduceOp, parity: int) -> None:
-        """``out`` = every rank's payload reduced, in rank order (the same bits on every
-        rank that computes it)."""
-        n = out.nbytes
-        ops.reduce_all_into(op, out, [self._payload(r, parity, n).view(out.dtype)
-                                      for r in range(self.size)])
 
     def _differing(self, mine: tuple, parity: int, only: int | None = None) -> int | None:
         """The first group rank (or ``only``) whose signature differs from ``mine``."""

@@ -62,8 +62,14 @@ def as_op(op: ReduceOp | int) -> ReduceOp:
     return op if type(op) is ReduceOp else ReduceOp(op)
 
 
+_DEFINED: set[tuple[object, object]] = set()  # (op, dtype) pairs that passed check_op
+
+
 def check_op(op: ReduceOp, dtype: np.dtype) -> None:
     """Raise TypeError if ``op`` is not defined on ``dtype``."""
+    key = (op, dtype)
+    if key in _DEFINED:
+        return
     dtype = np.dtype(dtype)
     op = as_op(op)
     if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
@@ -76,6 +82,7 @@ def check_op(op: ReduceOp, dtype: np.dtype) -> None:
         pass  # numpy defines these as logical or / and
     elif dtype.kind == "c" and op in (ReduceOp.MIN, ReduceOp.MAX):
         raise TypeError(f"{op.name} is not defined on complex arrays")
+    _DEFINED.add(key)
 
 
 def reduce_into(op: ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,10 +26,10 @@ from .ops import ReduceOp
 log = logging.getLogger("minidist.plan")
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
+class Call(NamedTuple):
     """What one collective call looks like on this rank; frames carry it so that ranks
-    that called different things find out from the first frame."""
+    that called different things find out from the first frame. (A named tuple: as
+    immutable as a frozen dataclass, and made in a seventh of the time, once per call.)"""
 
     kind: wire.Kind
     group: Group
@@ -139,6 +140,7 @@ class Planner:
         self._layouts: dict[int, tuple[int, ...]] = {}
         self._read_keys: list[str | None] = [None] * world_size
         self._reads: dict[int, bool] = {}
+        self._fast_plans: dict[tuple, tuple] = {}  # see _fast_plan
 
     def set_nodes(self, nodes: list[int], read_keys: list[str | None] | None = None) -> None:
         """The node index of every rank (from the rendezvous' welcome), and what each
@@ -151,6 +153,7 @@ class Planner:
             read_keys = [None] * len(self.nodes)
         self._read_keys = list(read_keys)
         self._reads.clear()
+        self._fast_plans.clear()
 
     def _can_read(self, g: Group) -> bool:
         """Whether the ranks of ``g`` (on one node) can read each other's memory."""
@@ -305,13 +308,17 @@ class Planner:
                 np.copyto(flat, inp)
             return Prepared(None, None, bufs, op, copied, finish)
         shape = user.shape if shape is None else shape
-        if (self.fast and kind in FAST_KINDS and algorithm is None
-                and fastpath.takes(collective := kind.name.lower(), g.size,
-                                   count * flat.itemsize, direct := self._can_read(g))
-                and collective not in self._forced
-                and (self._one_node or len(set(self._layout(g))) == 1)):
-            return self._prepare_fast(kind, g, user, flat, bufs, op, root, count, shape,
-                                      copied, finish, direct)
+        if self.fast and algorithm is None and kind in FAST_KINDS:
+            fkey = (kind, g.id, flat.dtype, count, shape)
+            fast = self._fast_plans.get(fkey)
+            if fast is None:
+                fast = self._fast_plan(kind, g, flat.dtype, count, shape)
+                if len(self._fast_plans) > PLAN_CACHE:
+                    self._fast_plans.clear()
+                self._fast_plans[fkey] = fast
+            if fast:
+                return self._prepare_fast(kind, g, bufs, op, root, count, copied, finish,
+                                          fast)
         key = (kind, g.id, flat.dtype, count, bufs["in"].size, shape, root, algorithm)
         plan = self._plans.get(key)
         if plan is None:
@@ -327,28 +334,40 @@ class Planner:
                     digest)
         return Prepared(call, sched, bufs, op, copied, finish)
 
-    def _prepare_fast(self, kind: wire.Kind, g: Group, user: np.ndarray, flat: np.ndarray,
-                      bufs: dict[str, np.ndarray], op: ReduceOp, root: int, count: int,
-                      shape: tuple[int, ...], copied: np.ndarray | None,
-                      finish: bool, direct: bool) -> Prepared:
-        """A call on one node through the group's shared slots, by the caller's thread
-        (:mod:`minidist.fastpath`), numbered among the group's fast calls; ``direct``:
-        the group's ranks can read each other's memory."""
+    def _fast_plan(self, kind: wire.Kind, g: Group, dtype: np.dtype, count: int,
+                   shape: tuple[int, ...]) -> tuple:
+        """How a call takes the fast path, ``(dtype code, shape digest, reads, numbers
+        used, algorithm name)``, or ``()`` when it does not (the same for every call
+        of this kind, group, dtype, count and shape)."""
+        collective = kind.name.lower()
+        nbytes = count * dtype.itemsize
+        direct = self._can_read(g)
+        if not (fastpath.takes(collective, g.size, nbytes, direct)
+                and collective not in self._forced
+                and (self._one_node or len(set(self._layout(g))) == 1)):
+            return ()
         digest = self._digests.get(shape)
         if digest is None:
             digest = self._digests[shape] = wire.shape_digest(shape)
-        f = self._fast_calls.get(g.id, 0)
-        nbytes = count * flat.itemsize
-        collective = kind.name.lower()
         reads = fastpath.reads_peers(collective, nbytes, direct, g.size)
-        uses = fastpath.numbers(nbytes, flat.itemsize, reads, g.size, collective)
-        self._fast_calls[g.id] = f + uses
+        uses = fastpath.numbers(nbytes, dtype.itemsize, reads, g.size, collective)
         name = "single_copy" if reads else "shared_slots"
+        return ops.dtype_code(dtype), digest, reads, uses, name
+
+    def _prepare_fast(self, kind: wire.Kind, g: Group, bufs: dict[str, np.ndarray],
+                      op: ReduceOp, root: int, count: int, copied: np.ndarray | None,
+                      finish: bool, fast: tuple) -> Prepared:
+        """A call on one node through the group's shared slots, by the caller's thread
+        (:mod:`minidist.fastpath`), numbered among the group's fast calls; ``fast``:
+        what :meth:`_fast_plan` said of it."""
+        code, digest, reads, uses, name = fast
+        f = self._fast_calls.get(g.id, 0)
+        self._fast_calls[g.id] = f + uses
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s on %r: %s (%d elements of %s)", kind.name.lower(), g, name,
-                      count, flat.dtype)
-        call = Call(kind, g, self._number(g), ops.dtype_code(flat.dtype), int(op),
-                    FAST_INDEX, name, root, count, digest)
+                      count, bufs["out"].dtype)
+        call = Call(kind, g, self._number(g), code, int(op), FAST_INDEX, name, root, count,
+                    digest)
         return Prepared(call, None, bufs, op, copied, finish, fast=f, fast_numbers=uses,
                         reads=reads)
 

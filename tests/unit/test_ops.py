@@ -23,3 +23,15 @@ def test_parts_are_reduced_in_their_order_bit_for_bit(op, n):
         first = parts[0].copy()
         ops.reduce_all_into(op, first, [first, *parts[1:]])
         assert first.tobytes() == want.tobytes()
+
+
+def test_check_op_remembers_only_what_passed():
+    for _ in range(2):  # the second time from what the first one remembered
+        ops.check_op(ReduceOp.SUM, np.dtype(np.int32))
+        ops.check_op(ReduceOp.BAND, np.int64)
+        with pytest.raises(TypeError, match="BAND needs an integer"):
+            ops.check_op(ReduceOp.BAND, np.dtype(np.float32))
+        with pytest.raises(TypeError, match="AVG needs a floating-point"):
+            ops.check_op(ReduceOp.AVG, np.dtype(np.int32))
+        with pytest.raises(ValueError):
+            ops.check_op(99, np.dtype(np.int32))

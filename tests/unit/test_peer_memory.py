@@ -161,3 +161,22 @@ def test_numbers_of_each_kind_of_fast_call():
     assert not fastpath.reads_peers("all_reduce", fastpath.DIRECT_MIN_WIDE + 1, True,
                                     fastpath.MID_RANKS)
     assert not fastpath.reads_peers("all_reduce", 1 << 30, False)
+
+
+def test_the_fast_path_choice_is_remembered_per_shape_and_forgotten_with_the_layout():
+    pl = _planner(0, ["k", "k"])
+    x = np.zeros(3, np.float32)
+    first = pl.prepare_all_reduce(x, ReduceOp.SUM, None, None)
+    second = pl.prepare_all_reduce(x, ReduceOp.MAX, None, None)
+    assert (first.fast, second.fast) == (0, 1) and second.call.op == int(ReduceOp.MAX)
+    assert second.call.seq == first.call.seq  # the stub numbers every call 0
+    # another shape of as many elements: its own digest, so ranks can tell them apart
+    other = pl.prepare_all_reduce(x.reshape(3, 1), ReduceOp.SUM, None, None)
+    assert other.fast == 2 and other.call.shape != first.call.shape
+    # the ranks turn out to be on two nodes: no fast path any more
+    pl.set_nodes([0, 1], ["k", "k"])
+    assert pl.prepare_all_reduce(x, ReduceOp.SUM, None, None).fast == -1
+    # nor for a collective the job forces onto an algorithm
+    forced = _planner(0, ["k", "k"])
+    forced._forced["all_reduce"] = "ring"
+    assert forced.prepare_all_reduce(x, ReduceOp.SUM, None, None).fast == -1
