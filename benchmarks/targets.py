@@ -11,9 +11,11 @@ Targets (all_reduce of float32 on the processes of this node unless named):
 Every run is one ``minidist bench ... --json`` invocation (minidist, then gloo, then
 MPI if ``--vs`` says so): one from 4 B to 1 MiB with many calls per size (after 500
 untimed ones: the first size's times settle only after a few hundred calls), one from 4
-to 64 MiB with 30 per size (after 5 untimed ones). A target's verdict uses the median
-of its values over the repeats, and the table shows the ratios' min and max, so a noisy
-neighbour shows as a spread.
+to 64 MiB with 30 per size (after 5 untimed ones) in ``--rounds`` rounds (every system
+runs once per round, in turn; its ratio is the median of the ratios within a round, so
+that a slow spell of the machine, which lasts longer than a round, weighs on both sides
+of it alike). A target's verdict uses the median of its values over the repeats, and
+the table shows the ratios' min and max, so a noisy neighbour shows as a spread.
 After the targets, every size of every run as medians (``--rows``: a markdown table).
 
     python benchmarks/targets.py                        # 3 repeats, --vs gloo,mpi
@@ -49,7 +51,8 @@ def _size(nbytes: int) -> str:
         f"{nbytes // KIB} KiB" if nbytes >= KIB else f"{nbytes} B")
 
 
-def runs(ns: list[int], only: set[str]) -> list[tuple[str, list[str], list[tuple]]]:
+def runs(ns: list[int], only: set[str], rounds: int = 1
+         ) -> list[tuple[str, list[str], list[tuple]]]:
     """(name, bench args, [(target label, count, compared with, bound), ...])."""
     out = []
     for n in ns:
@@ -72,7 +75,8 @@ def runs(ns: list[int], only: set[str]) -> list[tuple[str, list[str], list[tuple
         if "large" in only:
             out.append((f"all_reduce 4 - 64 MiB n={n}",
                         ["all_reduce", "-n", str(n), "--min-bytes", "4M", "--max-bytes",
-                         "64M", "--factor", "4", "--iters", "30", "--warmup", "5"], large))
+                         "64M", "--factor", "4", "--iters", "30", "--warmup", "5",
+                         "--rounds", str(rounds)], large))
     if "barrier" in only:
         out.append(("barrier n=64", ["barrier", "-n", "64", "--iters", "200", "--warmup", "20"],
                     [("barrier n=64: <= 2000 us", 0, "max_us", 2000.0)]))
@@ -81,7 +85,9 @@ def runs(ns: list[int], only: set[str]) -> list[tuple[str, list[str], list[tuple
 
 def bench(args: list[str], vs: str, timeout: float) -> dict:
     cmd = [sys.executable, "-m", "minidist", "bench", *args, "--vs", vs, "--json"]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout + 60,
+    rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 1
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                       timeout=(timeout + 60) * rounds,
                        stdin=subprocess.DEVNULL)
     try:
         doc = json.loads(p.stdout)
@@ -97,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vs", default="gloo,mpi", help="gloo, mpi or both (default gloo,mpi)")
     p.add_argument("--ns", default="2,4,8", help="process counts for all_reduce")
     p.add_argument("--only", action="append", choices=("small", "large", "barrier"))
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds of the 4 - 64 MiB runs (minidist bench --rounds; default 3)")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--max-load", type=float, default=0,
                    help="before each run, wait for the 1-minute load average to fall under "
@@ -110,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     only = set(a.only or ("small", "large", "barrier"))
     others = [s for s in a.vs.split(",") if s]
     docs: dict[str, list[dict]] = {}
-    plan = runs(ns, only)
+    plan = runs(ns, only, a.rounds)
     for rep in range(a.repeat):
         for name, args, _ in plan:
             end = time.monotonic() + a.max_wait

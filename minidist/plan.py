@@ -346,9 +346,7 @@ class Planner:
                 and collective not in self._forced
                 and (self._one_node or len(set(self._layout(g))) == 1)):
             return ()
-        digest = self._digests.get(shape)
-        if digest is None:
-            digest = self._digests[shape] = wire.shape_digest(shape)
+        digest = self._digest(shape)
         reads = fastpath.reads_peers(collective, nbytes, direct, g.size)
         uses = fastpath.numbers(nbytes, dtype.itemsize, reads, g.size, collective)
         name = "single_copy" if reads else "shared_slots"
@@ -419,7 +417,8 @@ class Planner:
             shape = np.shape(array)
         tag = _tag(tag, internal)
         return P2P(g, peer, tag, self._number_p2p(g, peer, tag, True), flat,
-                   wire.shape_digest(shape), is_object, sending=True)
+                   wire.shape_digest(shape) if is_object else self._digest(shape),
+                   is_object, sending=True)
 
     def prepare_recv(self, array: np.ndarray | None, src: int | None, tag: int,
                      group: object, internal: bool = False) -> P2P:
@@ -435,7 +434,7 @@ class Planner:
         if array is None:  # an object: any size
             return P2P(g, peer, tag, seq, None, 0, True)
         user, flat = _flat(array, "recv")
-        return P2P(g, peer, tag, seq, flat, wire.shape_digest(user.shape), False,
+        return P2P(g, peer, tag, seq, flat, self._digest(user.shape), False,
                    user if not user.flags.c_contiguous else None)
 
     def check_probe(self, src: int | None, tag: int, group: object) -> tuple[Group, int]:
@@ -444,6 +443,15 @@ class Planner:
         if src is not None:
             self._peer(g, src, "probe", "src")
         return g, _tag(tag)
+
+    def _digest(self, shape: tuple[int, ...]) -> int:
+        """:func:`wire.shape_digest` of an array's shape, remembered."""
+        digest = self._digests.get(shape)
+        if digest is None:
+            if len(self._digests) > PLAN_CACHE:
+                self._digests.clear()
+            digest = self._digests[shape] = wire.shape_digest(shape)
+        return digest
 
     def _peer(self, g: Group, rank: int, what: str, name: str) -> int:
         _member(g, rank, what, name)

@@ -25,7 +25,7 @@ import json
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import ProtocolError
 
@@ -174,13 +174,14 @@ _DATA_MAGIC = b"MD"
 assert HEADER_SIZE == 64
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
+class Header(NamedTuple):
     """One data frame's header.
 
     ``count`` is the element count of the whole call (as the sender sees it), ``nbytes``
     the length of the payload that follows this header. ``seq`` numbers the collectives
-    of a group (for point-to-point: the messages of one (src, dst, tag) triple).
+    of a group (for point-to-point: the messages of one (src, dst, tag) triple). A named
+    tuple: immutable, and made several times faster than a frozen dataclass, once per
+    frame sent and per frame received.
     """
 
     kind: Kind

@@ -73,6 +73,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png",
                    help="plot busbw and latency against size, one line per system "
                    "(needs matplotlib)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every system this many times, in turn (minidist, then the "
+                   "--vs systems, again and again); each time is the median over the "
+                   "rounds and each ratio the median of the ratios within a round, which "
+                   "a shared machine's slow spells bias less (default 1)")
     p.add_argument("--timeout", type=float, default=900.0,
                    help="seconds each system's job may take before it is killed "
                    "(default 900)")
@@ -96,6 +101,8 @@ def run_bench(a: argparse.Namespace) -> int:
         return _fail("-n must be at least 1")
     if a.iters < 1 or a.warmup < 0:
         return _fail("--iters must be at least 1 and --warmup at least 0")
+    if a.rounds < 1:
+        return _fail("--rounds must be at least 1")
     if a.collective == "pingpong" and (a.algorithm or a.predict or a.algo_module):
         return _fail("pingpong is point-to-point: it has no algorithm to choose or predict")
     try:
@@ -117,7 +124,8 @@ def run_bench(a: argparse.Namespace) -> int:
     mine = [f"minidist/{x}" for x in names] if len(names) > 1 else ["minidist"]
     results = report.Results(a.collective, a.nproc, a.dtype, counts, a.iters, a.warmup,
                              names[0] if len(names) == 1 else (a.algorithm or None),
-                             a.check, [*mine, *vs], machine=runner.machine_info(vs))
+                             a.check, [*mine, *vs], machine=runner.machine_info(vs),
+                             rounds=a.rounds)
     cfg = {"collective": a.collective, "n": a.nproc, "dtype": a.dtype, "counts": counts,
            "iters": a.iters, "warmup": a.warmup,
            "algorithm": names[0] if len(names) == 1 else None, "check": a.check,
@@ -231,29 +239,39 @@ def _progress(system: str):
 
 
 def _run_systems(results: report.Results, cfg: dict, timeout: float) -> bool:
-    """Run every system's job in turn into ``results``; True if one failed."""
+    """Run every system's job in turn into ``results``, ``results.rounds`` times (a system
+    that failed does not run again); True if one failed."""
     from . import runner
 
     failed = False
-    for system in results.systems:
-        started = time.monotonic()
-        _note(f"{system}: {cfg['collective']} on {cfg['n']} processes, "
-              f"{len(cfg['counts'])} size{'s' if len(cfg['counts']) != 1 else ''}")
-        job = None
-        if system.startswith("minidist/"):
-            cfg = {**cfg, "algorithm": results.algorithm_of(system)}
-        try:
-            job = runner.run_system(system, cfg, timeout, _progress(system))
-        except runner.BenchError as e:
-            failed = True
-            results.errors[system] = e.short
-            print(f"minidist bench: {e}", file=sys.stderr)
-            job = e.job  # the rows it printed before it failed still count
-        if job is not None:
-            results.data[system] = job.measurements()
-            results.info[system] = job.info()
-        _note(f"{system}: {'failed after' if system in results.errors else 'done in'} "
-              f"{time.monotonic() - started:.1f} s")
+    for k in range(results.rounds):
+        which = f" (round {k + 1} of {results.rounds})" if results.rounds > 1 else ""
+        for system in results.systems:
+            if system in results.errors:
+                continue
+            started = time.monotonic()
+            _note(f"{system}: {cfg['collective']} on {cfg['n']} processes, "
+                  f"{len(cfg['counts'])} size{'s' if len(cfg['counts']) != 1 else ''}"
+                  f"{which}")
+            job = None
+            run_cfg = cfg
+            if system.startswith("minidist/"):
+                run_cfg = {**cfg, "algorithm": results.algorithm_of(system)}
+            try:
+                job = runner.run_system(system, run_cfg, timeout, _progress(system))
+            except runner.BenchError as e:
+                failed = True
+                results.errors[system] = e.short
+                print(f"minidist bench: {e}", file=sys.stderr)
+                job = e.job  # the rows it printed before it failed still count
+            if job is not None:
+                if results.rounds > 1:
+                    results.add_round(system, job.measurements())
+                else:
+                    results.data[system] = job.measurements()
+                results.info[system] = job.info()
+            _note(f"{system}: {'failed after' if system in results.errors else 'done in'} "
+                  f"{time.monotonic() - started:.1f} s")
     return failed
 
 

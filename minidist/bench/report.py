@@ -17,6 +17,11 @@ Conventions are those of nccl-tests, so that the numbers read the same way:
 The ratio column ``x SYSTEM`` is ``SYSTEM time / minidist time``. For the same size and
 n this is also ``minidist busbw / SYSTEM busbw`` (the factor and the size cancel), so one
 column serves latency-bound and bandwidth-bound sizes alike: above 1, minidist is faster.
+
+With ``rounds`` above 1 every system runs once per round, in turn, and a system's time
+is the median over the rounds; the ratio is the median of the ratios within a round
+(the runs of one round are seconds apart, so a shared machine's slow spells, which last
+longer, weigh on both sides of a ratio alike).
 """
 
 from __future__ import annotations
@@ -182,6 +187,20 @@ class Results:
     chosen: dict[int, str] = field(default_factory=dict)
     # counts at which a call without algorithm= takes the fast path (shared slots)
     fast: list[int] = field(default_factory=list)
+    rounds: int = 1
+    # rounds > 1: system -> element count -> that size's time in each round (us)
+    round_times: dict[str, dict[int, list[float]]] = field(default_factory=dict)
+
+    def add_round(self, system: str, measured: Mapping[int, Measurement]) -> None:
+        """One round's measurements of ``system``: ``data`` becomes, per size, the median
+        time over the rounds so far (and the most wrong elements of any round)."""
+        per = self.round_times.setdefault(system, {})
+        for count, m in measured.items():
+            per.setdefault(count, []).append(m.time_us)
+            old = self.data.get(system, {}).get(count)
+            wrong = m.wrong if old is None or old.wrong is None else (
+                old.wrong if m.wrong is None else max(old.wrong, m.wrong))
+            self.data.setdefault(system, {})[count] = Measurement(_median(per[count]), wrong)
 
     @property
     def itemsize(self) -> int:
@@ -195,9 +214,14 @@ class Results:
 
     def ratio(self, system: str, count: int) -> float | None:
         """``system`` time / minidist time (= minidist busbw / ``system`` busbw); with
-        several minidist algorithms, the fastest one's time."""
+        several minidist algorithms, the fastest one's time; over several rounds, the
+        median of the ratios within a round."""
         other = self.get(system, count)
         mine = self.get("minidist", count)
+        theirs = self.round_times.get(system, {}).get(count, [])
+        ours = self.round_times.get("minidist", {}).get(count, [])
+        if len(theirs) > 1 and len(ours) == len(theirs) and all(t > 0 for t in ours):
+            return _median([t / m for t, m in zip(theirs, ours)])
         if mine is None:
             times = [m for s in self.minidist_columns if (m := self.get(s, count))]
             mine = min(times, key=lambda m: m.time_us) if times else None
@@ -227,6 +251,12 @@ class Results:
 # ----------------------------------------------------------------------------- table
 
 
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def _num(value: float | None, digits: int) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -243,8 +273,10 @@ def header_lines(r: Results) -> list[str]:
     """The ``#`` lines above the table: what ran, where, and how to read it."""
     vs = f"  vs {', '.join(r.others)}" if r.others else ""
     alg = r.algorithm or "auto"
+    rounds = f"  rounds={r.rounds}" if r.rounds > 1 else ""
     lines = [f"# minidist bench {r.collective}  n={r.n}  dtype={r.dtype}  iters={r.iters}  "
-             f"warmup={r.warmup}  algorithm={alg}  check={'on' if r.check else 'off'}{vs}"]
+             f"warmup={r.warmup}  algorithm={alg}  check={'on' if r.check else 'off'}"
+             f"{rounds}{vs}"]
     if r.machine:
         lines.append("# machine: " + machine_line(r.machine))
     factor = {"all_reduce": "2(n-1)/n", "all_gather": "(n-1)/n", "reduce_scatter": "(n-1)/n",
@@ -257,6 +289,9 @@ def header_lines(r: Results) -> list[str]:
                      f"algbw = size/time; busbw = algbw x {factor}")
     else:
         lines.append("# time: max over ranks of the mean time of one barrier")
+    if r.rounds > 1:
+        lines.append(f"# {r.rounds} rounds, the systems in turn in each: a time is the median "
+                     "over the rounds, a ratio the median of the ratios within a round")
     for s in r.others:
         same = f" (= minidist busbw / {s} busbw)" if factor else ""
         lines.append(f"# x {s} = {s} time / minidist time{same}; > 1: minidist is faster")
@@ -448,6 +483,8 @@ def to_json(r: Results) -> dict[str, Any]:
             algbw, busbw = bandwidths(r.collective, r.n, nbytes, m.time_us)
             row["results"][s] = {"time_us": m.time_us, "algbw_gbs": algbw, "busbw_gbs": busbw,
                                  "wrong": m.wrong}
+            if r.rounds > 1 and count in r.round_times.get(s, {}):
+                row["results"][s]["rounds_us"] = r.round_times[s][count]
         for s in r.others:
             row["ratio"][s] = r.ratio(s, count)
         rows.append(row)
@@ -459,7 +496,7 @@ def to_json(r: Results) -> dict[str, Any]:
         "predicted_us": {a: {str(c): t for c, t in per.items()}
                          for a, per in r.predicted.items()},
         "chosen": {str(c): a for c, a in r.chosen.items()},
-        "fast_path": list(r.fast),
+        "fast_path": list(r.fast), "rounds": r.rounds,
     }
 
 
@@ -477,10 +514,13 @@ def from_json(doc: Mapping[str, Any]) -> Results:
     for row in doc["rows"]:
         for s, m in row["results"].items():
             r.data.setdefault(s, {})[row["count"]] = Measurement(m["time_us"], m.get("wrong"))
+            if "rounds_us" in m:
+                r.round_times.setdefault(s, {})[row["count"]] = list(m["rounds_us"])
     r.predicted = {a: {int(c): t for c, t in per.items()}
                    for a, per in doc.get("predicted_us", {}).items()}
     r.chosen = {int(c): a for c, a in doc.get("chosen", {}).items()}
     r.fast = [int(c) for c in doc.get("fast_path", [])]
+    r.rounds = int(doc.get("rounds", 1))
     return r
 
 

@@ -182,6 +182,33 @@ def test_json_document():
     assert report.format_table(again) == report.format_table(r)
 
 
+def test_rounds_give_median_times_and_the_median_of_paired_ratios():
+    r = Results("all_reduce", 2, "float32", [1, 256], iters=20, warmup=5,
+                systems=["minidist", "mpi"], rounds=3)
+    # a slow spell in the second round slows both systems: it cancels out of the ratio
+    for mine, theirs in ((100.0, 150.0), (400.0, 500.0), (110.0, 120.0)):
+        r.add_round("minidist", {1: Measurement(mine), 256: Measurement(mine * 2, 0)})
+        r.add_round("mpi", {1: Measurement(theirs)})
+    assert r.get("minidist", 1).time_us == 110.0 and r.get("mpi", 1).time_us == 150.0
+    assert r.get("minidist", 256).wrong == 0
+    assert r.ratio("mpi", 1) == pytest.approx(1.25)  # median of 1.5, 1.25, 1.09
+    assert r.ratio("mpi", 1) != pytest.approx(150.0 / 110.0)  # not the medians' ratio
+    assert r.ratio("mpi", 256) is None  # mpi never ran that size
+    text = report.format_table(r)
+    assert "rounds=3" in text.splitlines()[0]
+    assert any("median of the ratios within a round" in ln for ln in text.splitlines())
+    doc = json.loads(report.dumps(r))
+    assert doc["rounds"] == 3
+    assert doc["rows"][0]["results"]["mpi"]["rounds_us"] == [150.0, 500.0, 120.0]
+    assert doc["rows"][0]["ratio"]["mpi"] == pytest.approx(1.25)
+    again = report.from_json(doc)
+    assert again.ratio("mpi", 1) == pytest.approx(1.25)
+    assert report.format_table(again) == text
+    # a round that lost a system (it failed): the ratio falls back to the medians'
+    r.add_round("minidist", {1: Measurement(90.0)})
+    assert r.ratio("mpi", 1) == pytest.approx(150.0 / r.get("minidist", 1).time_us)
+
+
 def test_plot(tmp_path):
     pytest.importorskip("matplotlib")
     for collective in ("all_reduce", "barrier"):

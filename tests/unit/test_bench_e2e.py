@@ -69,7 +69,22 @@ def test_json_barrier():
     assert doc["machine"]["cpus"] >= 1
 
 
+@pytest.mark.timeout(120)
+def test_rounds_run_every_system_again():
+    p = bench("all_reduce", "-n", "2", "-b", "8", "-e", "64", "-f", "8", "--iters", "5",
+              "--rounds", "2", "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["rounds"] == 2
+    for row in doc["rows"]:
+        times = row["results"]["minidist"]["rounds_us"]
+        assert len(times) == 2 and all(t > 0 for t in times)
+        assert row["results"]["minidist"]["time_us"] == pytest.approx(sum(times) / 2)
+    assert p.stderr.count("(round 2 of 2)") == 1
+
+
 @pytest.mark.parametrize("args, message", [
+    (["all_reduce", "--rounds", "0"], "--rounds must be at least 1"),
     (["all_reduce", "--min-bytes", "1X"], "not a size"),
     (["all_reduce", "--algorithm", "nope"], "unknown all_reduce algorithm"),
     (["all_reduce", "--vs", "nccl"], "unknown system"),
