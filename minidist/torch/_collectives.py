@@ -36,7 +36,7 @@ from ._tensors import (
     same_dtype,
     scratch_like,
 )
-from ._work import Blocking, Work
+from ._work import DONE, Blocking, Done, Work, run_blocking
 
 # point-to-point tags of minidist's internal space (2**31 and up) used by this adapter
 TAG_COLLECTIVE = P2P_TAG_LIMIT + 0x7410  # all_to_all built on messages
@@ -172,7 +172,7 @@ def _gpu_only(what: str, *ts: Any) -> None:
 
 
 def all_reduce(t: torch.Tensor, op: Any, g: Group | None,
-               blocking: bool = False) -> Work | Blocking:
+               blocking: bool = False) -> Work | Blocking | Done:
     if type(op) is not ReduceOp:
         op = to_op(op)
     arr = plain_view(t)
@@ -184,7 +184,8 @@ def all_reduce(t: torch.Tensor, op: Any, g: Group | None,
         item = d.plan.prepare_all_reduce(arr, op, g, None)
         if not blocking or item.fast < 0:
             return _issue(item, None, [t], "all_reduce", blocking)
-    return Blocking(d, item, None)
+    run_blocking(d, item)  # the shared-memory fast path, on this thread, now
+    return DONE
 
 
 @_ordered

@@ -312,13 +312,31 @@ class Blocking:
 
     def wait(self, timeout: Any = None) -> bool:
         """Run the call; raise its error as :meth:`Work.wait` would."""
-        try:
-            self._door.wait(self._item)
-        except DistTimeoutError as e:
-            raise torch_worded(e) from e.__cause__
+        run_blocking(self._door, self._item)
         if self._post is not None:
             self._post()
         return True
+
+
+def run_blocking(door: Any, item: Any) -> None:
+    """Run a prepared call on this thread to its end; its error raises here, worded as
+    :meth:`Work.wait` words it."""
+    try:
+        door.wait(item)
+    except DistTimeoutError as e:
+        raise torch_worded(e) from e.__cause__
+
+
+class Done:
+    """What a synchronous call that already ran returns: waiting for it is free."""
+
+    __slots__ = ()
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+
+DONE = Done()
 
 
 def done_work(result: Any = None, what: str = "call") -> Work:
