@@ -265,10 +265,7 @@ def _run_systems(results: report.Results, cfg: dict, timeout: float) -> bool:
                 print(f"minidist bench: {e}", file=sys.stderr)
                 job = e.job  # the rows it printed before it failed still count
             if job is not None:
-                if results.rounds > 1:
-                    results.add_round(system, job.measurements())
-                else:
-                    results.data[system] = job.measurements()
+                results.add_round(system, job.measurements())
                 results.info[system] = job.info()
             _note(f"{system}: {'failed after' if system in results.errors else 'done in'} "
                   f"{time.monotonic() - started:.1f} s")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -200,7 +201,8 @@ class Results:
             old = self.data.get(system, {}).get(count)
             wrong = m.wrong if old is None or old.wrong is None else (
                 old.wrong if m.wrong is None else max(old.wrong, m.wrong))
-            self.data.setdefault(system, {})[count] = Measurement(_median(per[count]), wrong)
+            time_us = statistics.median(per[count])
+            self.data.setdefault(system, {})[count] = Measurement(time_us, wrong)
 
     @property
     def itemsize(self) -> int:
@@ -216,12 +218,12 @@ class Results:
         """``system`` time / minidist time (= minidist busbw / ``system`` busbw); with
         several minidist algorithms, the fastest one's time; over several rounds, the
         median of the ratios within a round."""
-        other = self.get(system, count)
-        mine = self.get("minidist", count)
         theirs = self.round_times.get(system, {}).get(count, [])
         ours = self.round_times.get("minidist", {}).get(count, [])
         if len(theirs) > 1 and len(ours) == len(theirs) and all(t > 0 for t in ours):
-            return _median([t / m for t, m in zip(theirs, ours)])
+            return statistics.median([t / m for t, m in zip(theirs, ours)])
+        other = self.get(system, count)
+        mine = self.get("minidist", count)
         if mine is None:
             times = [m for s in self.minidist_columns if (m := self.get(s, count))]
             mine = min(times, key=lambda m: m.time_us) if times else None
@@ -249,12 +251,6 @@ class Results:
 
 
 # ----------------------------------------------------------------------------- table
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _num(value: float | None, digits: int) -> str:
