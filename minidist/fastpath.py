@@ -59,9 +59,10 @@ banks, each with room (:func:`room_bytes`) for one chunk of the vector
 Each chunk of the vector is cut into one share per rank; a rank copies into its chunk
 the shares that the others reduce, reduces its own share across all ranks (its own
 part read in place from its vector) into the result chunk, copies that share of the
-result into its vector at once (while it is in this core's cache), and the others'
-shares after the next barrier. The steps are ordered by barriers, each a fast call's
-number without payload (a call of ``m`` chunks uses ``m + 1`` numbers), pipelined as
+result into its vector at once, :data:`MID_PIECE` bytes at a time (each piece while it
+is still in this core's L2 cache), and the others' shares after the next barrier.
+The steps are ordered by barriers, each a fast call's number without payload (a call
+of ``m`` chunks uses ``m + 1`` numbers), pipelined as
 
     copy in 0 | B0 | reduce 0, copy in 1 | B1 | copy out 0, reduce 1, copy in 2 | B2 | ...
 
@@ -140,6 +141,7 @@ GATHER_BYTES = 512 << 10  # every rank reduces whole an all_reduce of at most th
 MID_RANKS = 8  # ... on groups of at most this many ranks
 MID_CHUNK = 1 << 20  # bytes of the vector per chunk of the mid area
 MID_CHUNK_PAIR = 2 << 20  # ... on groups of two ranks, for vectors of two such chunks or more
+MID_PIECE = 128 << 10  # bytes a rank reduces, then copies out, while they are in its L2
 DIRECT_MIN = 16 << 20  # all_reduces above this read the peers' vectors (peer_memory)
 DIRECT_MIN_WIDE = 4 << 20  # ... on groups of more than MID_RANKS (no mid area)
 DIRECT_CHUNK = 512 << 10  # bytes per peer that a reducing rank reads at a time
@@ -563,8 +565,11 @@ class Slots:
             parts = [src[a:b] if r == me else self._mid(bank, r, dt)[a - lo:b - lo]
                      for r in range(n)]
             res = self._mid(bank, n, dt)[a - lo:b - lo]
-            ops.reduce_all_into(op, res, parts)
-            out[a:b] = res  # while it is in this core's cache
+            step = MID_PIECE // out.itemsize
+            for p in range(0, b - a, step):
+                q = min(b - a, p + step)
+                ops.reduce_all_into(op, res[p:q], [x[p:q] for x in parts])
+                out[a + p:a + q] = res[p:q]  # while it is in this core's cache
 
         copy_in(0)
         for j in range(m + 1):
