@@ -24,6 +24,7 @@ from ..errors import DistTimeoutError
 from ..group import NON_GROUP_MEMBER, WORLD_ID, Group, GroupMember
 from . import _backend
 from . import _collectives as C
+from ._tensors import forget_views
 from ._work import Work, seconds
 
 _NOT_MEMBER = NON_GROUP_MEMBER
@@ -249,6 +250,7 @@ def destroy_process_group(group: Any = None) -> None:
         return
     _state["mirrored"] = _state["owns"] = False
     _state["world"] = None
+    forget_views()
     td = torch.distributed
     if td.is_initialized() and isinstance(td.GroupMember.WORLD, _backend.ProcessGroupMinidist):
         td.destroy_process_group()  # torch's default group on this session goes with it

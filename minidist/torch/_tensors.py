@@ -96,18 +96,45 @@ def as_input(t: torch.Tensor, what: str, reduce: bool = False) -> np.ndarray:
     return _numpy(_dense(t), reduce)[0]
 
 
+REMEMBER_BYTES = 4096  # plain_view remembers the view of the last tensor up to this size
+_NO_VIEW = (None, 0, (), (), None, None)
+_last = _NO_VIEW  # (tensor, data_ptr, shape, stride, dtype, its numpy view)
+
+
 def plain_view(t: object) -> np.ndarray | None:
     """The numpy view of a plain CPU tensor (dense, contiguous, of a numpy dtype, not
     requiring grad); None for any other tensor or object. ``Tensor.numpy()`` refuses
     every other kind of tensor itself (another device or layout, a dtype numpy lacks,
-    autograd, the conjugate and negative bits), so the common case costs one call."""
+    autograd, the conjugate and negative bits), so the common case costs one call.
+
+    The view of the last such tensor of at most REMEMBER_BYTES is remembered and given
+    again (half the cost of ``numpy()``: small calls in a loop on the same tensor) while
+    that tensor still has the same memory address, shape, strides and dtype and does
+    not require grad: the view is then exactly what ``numpy()`` would give. Whatever
+    changed it in place (``set_``, ``resize_``, ``.data =``, ``t_()``,
+    ``requires_grad_()``) shows in one of these."""
+    global _last
     if type(t) is not torch.Tensor:
         return None
+    last = _last
+    if (last[0] is t and t.data_ptr() == last[1] and t.shape == last[2]
+            and t.stride() == last[3] and t.dtype is last[4] and not t.requires_grad):
+        return last[5]
     try:
         arr = t.numpy()
     except (TypeError, RuntimeError, NotImplementedError, ValueError):
         return None
-    return arr if arr.flags.c_contiguous else None
+    if not arr.flags.c_contiguous:
+        return None
+    if arr.nbytes <= REMEMBER_BYTES:
+        _last = (t, t.data_ptr(), t.shape, t.stride(), t.dtype, arr)
+    return arr
+
+
+def forget_views() -> None:
+    """Drop the remembered view (and so the tensor it holds)."""
+    global _last
+    _last = _NO_VIEW
 
 
 def as_output(t: torch.Tensor, what: str, reduce: bool = False) -> tuple[np.ndarray, Post]:

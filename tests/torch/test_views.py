@@ -1,0 +1,98 @@
+"""plain_view remembers the numpy view of the last small tensor: it must give the same
+view again only while that view is exactly what ``Tensor.numpy()`` would give, and must
+not keep large tensors alive."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from minidist.torch import _tensors  # noqa: E402
+from minidist.torch._tensors import REMEMBER_BYTES, forget_views, plain_view  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True)
+def _forget():
+    forget_views()
+    yield
+    forget_views()
+
+
+def _writes_through(t: torch.Tensor) -> None:
+    """The view plain_view gives now is t's memory, in t's shape and dtype."""
+    v = plain_view(t)
+    assert v is not None
+    assert v.shape == tuple(t.shape) and v.dtype == t.numpy().dtype
+    v[...] = np.arange(v.size, dtype=v.dtype).reshape(v.shape)
+    assert np.array_equal(t.numpy(), v)
+
+
+def test_the_last_small_tensor_s_view_is_given_again():
+    t = torch.zeros(4)
+    v = plain_view(t)
+    assert plain_view(t) is v
+    v[2] = 5.0
+    assert t[2].item() == 5.0
+    other = torch.zeros(4)
+    assert plain_view(other) is not v  # another tensor: its own view
+    assert plain_view(t) is not v  # ... which replaced the remembered one
+
+
+CHANGES = {  # each changes one of what plain_view compares, keeping the rest
+    "set_": lambda t: t.set_(torch.zeros(2, 2).untyped_storage(), 0, (2, 2)),  # address
+    "data": lambda t: setattr(t, "data", torch.zeros(2, 2)),  # address
+    "shrink": lambda t: t.resize_(1, 2),  # shape only (same address, strides (2, 1))
+    "data_dtype": lambda t: setattr(t, "data", t.view(torch.int32)),  # dtype only
+    "unsqueeze_": lambda t: t.unsqueeze_(0),
+    "as_strided_": lambda t: t.as_strided_((2,), (1,)),
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_a_tensor_changed_in_place_gets_a_fresh_view(change):
+    t = torch.zeros(2, 2)
+    old = plain_view(t)
+    assert plain_view(t) is old
+    CHANGES[change](t)
+    assert plain_view(t) is not old
+    _writes_through(t)
+
+
+def test_a_transposed_tensor_gets_no_view():
+    t = torch.zeros(2, 2)
+    assert plain_view(t) is not None
+    t.t_()  # the same address and shape, strides (1, 2): not contiguous
+    assert plain_view(t) is None
+
+
+def test_a_tensor_that_now_requires_grad_gets_no_view():
+    t = torch.zeros(3)
+    assert plain_view(t) is not None
+    t.requires_grad_(True)
+    assert plain_view(t) is None
+
+
+def test_only_small_tensors_are_kept_alive():
+    big = torch.zeros(REMEMBER_BYTES // 4 + 1)
+    ref = weakref.ref(big)
+    assert plain_view(big) is not None
+    del big
+    gc.collect()
+    assert ref() is None
+    small = torch.zeros(REMEMBER_BYTES // 4)
+    ref = weakref.ref(small)
+    assert plain_view(small) is not None
+    del small
+    gc.collect()
+    assert ref() is not None  # remembered
+    forget_views()
+    gc.collect()
+    assert ref() is None
+    assert _tensors._last[0] is None
