@@ -544,6 +544,7 @@ class Slots:
         """An all_reduce of more than a slot through the mid area (see the module)."""
         n, me, dt = self.size, self.me, out.dtype
         chunk = chunk_bytes(n, out.nbytes) // out.itemsize
+        step = MID_PIECE // out.itemsize
         count = out.size
         m = -(-count // chunk)
 
@@ -565,7 +566,6 @@ class Slots:
             parts = [src[a:b] if r == me else self._mid(bank, r, dt)[a - lo:b - lo]
                      for r in range(n)]
             res = self._mid(bank, n, dt)[a - lo:b - lo]
-            step = MID_PIECE // out.itemsize
             for p in range(0, b - a, step):
                 q = min(b - a, p + step)
                 ops.reduce_all_into(op, res[p:q], [x[p:q] for x in parts])

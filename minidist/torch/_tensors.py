@@ -15,6 +15,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from ..fastpath import SLOT_BYTES
+
 # torch dtypes numpy has an exact twin for (torch's own .numpy() conversion)
 _NUMPY = {
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
@@ -96,7 +98,7 @@ def as_input(t: torch.Tensor, what: str, reduce: bool = False) -> np.ndarray:
     return _numpy(_dense(t), reduce)[0]
 
 
-REMEMBER_BYTES = 4096  # plain_view remembers the view of the last tensor up to this size
+REMEMBER_BYTES = SLOT_BYTES  # plain_view remembers the last view of a tensor this small
 _NO_VIEW = (None, 0, (), (), None, None)
 _last = _NO_VIEW  # (tensor, data_ptr, shape, stride, dtype, its numpy view)
 
