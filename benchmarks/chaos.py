@@ -44,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.chaos.scenarios import SCENARIOS, SIZES, Options, Trial, run  # noqa: E402
+from tests.chaos.scenarios import OPS, SCENARIOS, SIZES, Options, Trial, run  # noqa: E402
 
 SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -138,6 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--margin", type=float, default=5.0,
                     help="seconds past a scenario's limit to wait before calling it a "
                     "hang (default 5)")
+    ap.add_argument("--ops", default="",
+                    help="collectives the streams draw from, e.g. all_reduce,broadcast "
+                    "(default: " + ",".join(OPS) + ")")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="more environment for every job, e.g. MINIDIST_FASTPATH=0 "
+                    "(repeatable)")
+    ap.add_argument("--stop", type=float, default=0.0,
+                    help="stall: keep the stopped rank stopped at least this many "
+                    "seconds (default: until the others gave up and went on)")
     ap.add_argument("--by-n", action="store_true", help="one row per scenario and n")
     ap.add_argument("--json", metavar="PATH", help="also save every trial and the table")
     ap.add_argument("-v", "--verbose", action="store_true",
@@ -149,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
     seed = a.seed or secrets.token_hex(4)
     opts = Options(ns=ints(a.ns), sizes=tuple(size_arg(s) for s in a.sizes.split(",") if s),
-                   wait=a.margin)
+                   wait=a.margin, stop=a.stop,
+                   ops=tuple(o for o in a.ops.split(",") if o) or OPS,
+                   env=tuple(tuple(kv.split("=", 1)) for kv in a.env))
     print(f"# minidist chaos: seed {seed}, {a.trials} trial(s) of {', '.join(names)}, "
           f"sizes {[human(s) for s in opts.sizes]}, n {list(opts.ns) or 'default'}",
           file=sys.stderr, flush=True)

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import ops, wire
 from .algorithms.schedule import Recv, Reduce, Schedule, Send, apply_compute
-from .errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError
+from .errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError, again
 from .group import Group
 from .ops import ReduceOp
 from .plan import Call
@@ -358,7 +358,7 @@ class Engine:
             return aborted
         broken = self.broken.get(g.id)
         if broken is not None:
-            return _again(broken, f"{call.name} on {g!r} (call #{call.seq}) refused on rank "
+            return again(broken, f"{call.name} on {g!r} (call #{call.seq}) refused on rank "
                           f"{self.rank}: the group is unusable since a call on it failed")
         if self.lost:
             lost = [r for r in g.ranks if r in self.lost]
@@ -837,18 +837,6 @@ def _abort_error(body: dict) -> DistError:
         return DistTimeoutError(reason if by is None else f"{reason} (reported by rank {by})",
                                 missing=body.get("missing", ()))
     return CollectiveMismatchError(reason)
-
-
-def _again(exc: DistError, prefix: str) -> DistError:
-    """An error of the same kind as ``exc``, for a later call refused because of it."""
-    msg = f"{prefix}: {exc}"
-    if isinstance(exc, PeerLostError):
-        return PeerLostError(msg, ranks=exc.ranks, collective=exc.collective,
-                             group=exc.group, left=exc.left)
-    if isinstance(exc, DistTimeoutError):
-        return DistTimeoutError(msg, collective=exc.collective, group=exc.group,
-                                missing=exc.missing)
-    return type(exc)(msg)
 
 
 def _bytes(a: np.ndarray) -> memoryview:

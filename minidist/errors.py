@@ -58,3 +58,18 @@ class RendezvousError(DistError):
 
 class NotInGroupError(DistError, ValueError):
     """A rank called a collective on a group it is not a member of."""
+
+
+def again(exc: BaseException, prefix: str) -> DistError:
+    """An error of the same kind as ``exc`` (a DistError for anything else), for a later
+    call refused because of it: ``prefix: exc``."""
+    msg = f"{prefix}: {exc}"
+    if isinstance(exc, PeerLostError):
+        return PeerLostError(msg, ranks=exc.ranks, collective=exc.collective,
+                             group=exc.group, left=exc.left)
+    if isinstance(exc, DistTimeoutError):
+        return DistTimeoutError(msg, collective=exc.collective, group=exc.group,
+                                missing=exc.missing)
+    if isinstance(exc, DistError):
+        return type(exc)(msg)
+    return DistError(f"{prefix}: {type(exc).__name__}: {exc}")

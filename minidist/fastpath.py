@@ -37,6 +37,22 @@ only after it finished call ``f + 1``, which needed every rank's slot for ``f + 
 which each rank writes only after it finished reading call ``f``. So a slot is never
 overwritten while someone still reads it.
 
+Late ranks. The reuse argument counts on every rank finishing each call. A rank that
+gives up on one instead (its deadline passed while a peer was stopped, a peer died,
+an interrupt) returns to its caller while a peer that was stopped mid-call may still
+read its slot, its chunks or, for reads in place, its arrays; that peer may resume at
+any moment, long after everyone else gave up on it. So a rank that gives up never
+writes the segment again (:meth:`Slots.run` refuses every later call on the group on
+that rank before it writes anything, whatever the rest of the process knows yet), and
+what it left there stays as it was: a late reader of a call's slots or chunks reads
+the bits that call wrote, never a later call's. Arrays read in place (below) belong to
+the caller, who may change them as soon as the call returns; so a rank that gives up
+also stores its group rank in the give-up word before it returns, and a rank that read
+peers' arrays loads that word after its reads (behind a fence) and raises instead of
+returning if anyone gave up: by the ordering argument above, a read that saw a changed
+array is followed by a load that sees the word. Either way a late rank returns the
+right bits or raises; it never returns another call's data.
+
 Groups of more than :data:`CENTRAL_ABOVE` ranks gather, then release (and group rank 0
 reduces an all_reduce once, into its own payload, which the others copy): each other rank,
 once its slot is written, adds one to group rank 0's *arrived* count with the kernel's
@@ -130,7 +146,7 @@ from typing import Protocol
 import numpy as np
 
 from . import ops, peer_memory
-from .errors import CollectiveMismatchError, DistError, PeerLostError
+from .errors import CollectiveMismatchError, DistError, PeerLostError, again
 from .group import Group
 from .ops import ReduceOp
 
@@ -154,6 +170,7 @@ SLEEPING = 52  # flag: someone sleeps on this slot's number word (offset in the 
 SLEEPING_RELEASE = 56  # flag: someone sleeps on its release word
 ARRIVED = 60  # group rank 0's count of the others that arrived (central groups)
 DIFFERS = 44  # rank 0 stores the call's number here when the signatures differ
+GAVE_UP = 40  # in group rank 0's first header: 1 + the group rank that gave up a call
 SPIN_SECONDS = 50e-6  # how long a waiter spins when the group fits the cores
 YIELD_SECONDS = 200e-6  # how long it yields its core when the group does not
 YIELD_RANKS_PER_CORE = 4  # more than this many ranks per core: sleep at once
@@ -396,6 +413,7 @@ class Slots:
         self.central = self.size > CENTRAL_ABOVE
         self._scratch = np.empty(0, np.uint8)
         self._views: dict[tuple, list[np.ndarray]] = {}  # see _typed
+        self.gave_up: BaseException | None = None  # what ended a call early on this rank
 
     def _word(self, rank: int, parity: int) -> int:
         return ((rank * 2 + parity) * SLOT) // 4
@@ -415,61 +433,96 @@ class Slots:
         barrier), ``out`` where the result goes; a wait past ``deadline``, a peer gone
         or an abort raises (``hooks`` say which). ``reads``: an all_reduce that reads the
         peers' vectors (:func:`reads_peers`; every rank of the call says the same)."""
-        waits = (deadline, hooks, call)
-        if reads:
-            self._run_reads(f, call, out, src, op, waits)
-            return
-        if out.nbytes > SLOT_BYTES:
-            if call.kind == _BROADCAST:
-                self._run_bcast(f, call, out, src, waits)
-            elif gathers(out.nbytes, self.size):
-                self._run_gather(f, call, out, src, op, waits)
+        if self.gave_up is not None:
+            raise self._refused(call)
+        try:
+            waits = (deadline, hooks, call)
+            if reads:
+                self._run_reads(f, call, out, src, op, waits)
+                return
+            if out.nbytes > SLOT_BYTES:
+                if call.kind == _BROADCAST:
+                    self._run_bcast(f, call, out, src, waits)
+                elif gathers(out.nbytes, self.size):
+                    self._run_gather(f, call, out, src, op, waits)
+                else:
+                    self._run_mid(f, call, out, src, op, waits)
+                return
+            parity, number = f % 2, (f + 1) & 0x7FFFFFFF
+            me = self.me
+            views = self._views.get((parity, out.dtype, out.size))
+            if views is None:
+                views = self._typed(parity, out.dtype, out.size)
+            mine = self._publish(parity, number, call, src, views[me] if src.size else None)
+            waiting = (parity, number, *waits)
+            if self.central:
+                head = self._word(0, parity)
+                if me == 0:
+                    self._wait(head + ARRIVED // 4, self.size - 1, None, None, *waiting)
+                    self.words[head + ARRIVED // 4] = 0
+                    differs = self._differing(mine, parity)
+                    if differs is not None:
+                        self.words[head + DIFFERS // 4] = number
+                    elif call.kind == _ALL_REDUCE:  # once, for all: they copy the result
+                        ops.reduce_all_into(op, out, views)
+                        views[0][:] = out
+                    self.words[head + RELEASE // 4] = number  # after those stores
+                    self._wake(head + RELEASE // 4, SLEEPING_RELEASE - RELEASE)
+                else:
+                    futex_add(self.base + (head + ARRIVED // 4) * 4, self.size - 2)
+                    self._wait(head + RELEASE // 4, number, head + SLEEPING_RELEASE // 4, 0,
+                               *waiting)
+                    # rank 0 compared every signature with its own: compare with it alone,
+                    # unless it said that some differ (then find which, to say so)
+                    differs = (self._differing(mine, parity)
+                               if self.words[head + DIFFERS // 4] == number
+                               else self._differing(mine, parity, only=0))
             else:
-                self._run_mid(f, call, out, src, op, waits)
-            return
-        parity, number = f % 2, (f + 1) & 0x7FFFFFFF
-        me = self.me
-        views = self._views.get((parity, out.dtype, out.size))
-        if views is None:
-            views = self._typed(parity, out.dtype, out.size)
-        mine = self._publish(parity, number, call, src, views[me] if src.size else None)
-        waiting = (parity, number, *waits)
-        if self.central:
-            head = self._word(0, parity)
-            if me == 0:
-                self._wait(head + ARRIVED // 4, self.size - 1, None, None, *waiting)
-                self.words[head + ARRIVED // 4] = 0
+                self._meet(parity, number, waiting)
                 differs = self._differing(mine, parity)
-                if differs is not None:
-                    self.words[head + DIFFERS // 4] = number
-                elif call.kind == _ALL_REDUCE:  # once, for all: they copy the result
-                    ops.reduce_all_into(op, out, views)
-                    views[0][:] = out
-                self.words[head + RELEASE // 4] = number  # after those stores
-                self._wake(head + RELEASE // 4, SLEEPING_RELEASE - RELEASE)
-            else:
-                futex_add(self.base + (head + ARRIVED // 4) * 4, self.size - 2)
-                self._wait(head + RELEASE // 4, number, head + SLEEPING_RELEASE // 4, 0,
-                           *waiting)
-                # rank 0 compared every signature with its own: compare with it alone,
-                # unless it said that some differ (then find which, to say so)
-                differs = (self._differing(mine, parity)
-                           if self.words[head + DIFFERS // 4] == number
-                           else self._differing(mine, parity, only=0))
-        else:
-            self._meet(parity, number, waiting)
-            differs = self._differing(mine, parity)
-        if differs is not None:
-            raise self._mismatch(call, differs, self._sig(differs, parity))
-        if call.kind == _BROADCAST:
-            root = self.group.rank_of(call.root)
-            if root != me:
-                out[:] = views[root]
-        elif call.kind == _ALL_REDUCE:
-            if not self.central:
-                ops.reduce_all_into(op, out, views)  # in rank order: the same bits
-            elif me != 0:  # group rank 0 left the result in its payload
-                out[:] = views[0]
+            if differs is not None:
+                raise self._mismatch(call, differs, self._sig(differs, parity))
+            if call.kind == _BROADCAST:
+                root = self.group.rank_of(call.root)
+                if root != me:
+                    out[:] = views[root]
+            elif call.kind == _ALL_REDUCE:
+                if not self.central:
+                    ops.reduce_all_into(op, out, views)  # in rank order: the same bits
+                elif me != 0:  # group rank 0 left the result in its payload
+                    out[:] = views[0]
+        except BaseException as e:  # whatever ends a call early: this rank is done here
+            self._give_up(e)
+            raise
+
+    def _give_up(self, exc: BaseException) -> None:
+        """A call ended early on this rank (an error, a timeout, an interrupt): from now
+        on this rank never writes the segment again (see "Late ranks" in the module),
+        and it says so in the group's give-up word, which a rank reading its peers'
+        vectors checks after its reads."""
+        if self.gave_up is None:
+            self.gave_up = exc
+            self.words[GAVE_UP // 4] = self.me + 1
+
+    def _refused(self, call) -> DistError:
+        return again(self.gave_up, f"{call.describe()} on {self.group!r} (call "
+                     f"#{call.seq}) refused on rank {self.group.ranks[self.me]}: an earlier "
+                     "call on the group ended early on this rank")
+
+    def _peers_stayed(self, call) -> None:
+        """After reading peers' vectors in place: DistError if any rank gave up a call on
+        the group, since it may have changed its vector while this rank read it (it
+        stores the give-up word before it returns to its caller, and x86 makes those
+        stores visible in order; the fence orders this load after the reads)."""
+        fence()
+        who = int(self.words[GAVE_UP // 4])
+        if who:
+            rank = self.group.ranks[who - 1]
+            raise DistError(
+                f"{call.describe()} on {self.group!r} (call #{call.seq}): rank {rank} gave "
+                "up on the call while rank "
+                f"{self.group.ranks[self.me]} was reading its vector (this rank was "
+                "probably stopped or too slow); the data read cannot be trusted")
 
     def _typed(self, parity: int, dtype: np.dtype, count: int) -> list[np.ndarray]:
         """Every rank's payload of slot ``parity`` as ``count`` elements of ``dtype``
@@ -653,11 +706,13 @@ class Slots:
             for part in parts[2:-1]:
                 ops.reduce_into(op, acc, acc, part)
             ops.reduce_into(op, res[lo:hi], acc, parts[-1])  # the one write of the share
+        self._peers_stayed(call)
         self._barrier(f + 1, call, _NOTHING, waits)
         for r in range(n):  # every other share, from the rank that reduced it
             if r != me:
                 lo, hi = count * r // n, count * (r + 1) // n
                 read(r, res[lo:hi], peers[r][2] + lo * item)
+        self._peers_stayed(call)
         self._barrier(f + 2, call, _NOTHING, waits)  # nobody reads us now
         if res is not out:
             np.copyto(out, res)

@@ -79,6 +79,8 @@ class Options:
     sizes: tuple[int, ...] = SIZES
     ops: tuple[str, ...] = OPS
     wait: float = MARGIN
+    env: tuple[tuple[str, str], ...] = ()  # more environment for every job's ranks
+    stop: float = 0.0  # stall: the least seconds a rank stays stopped
 
 
 @dataclass
@@ -500,7 +502,7 @@ def _ns(opts: Options, default: tuple[int, ...], low: int = 2,
 def _stream_params(rng: random.Random, opts: Options, trial_size: int | None) -> dict:
     size = trial_size if trial_size is not None else _pick(rng, opts.sizes, SIZES)
     op = rng.choice((*opts.ops, "mixed"))
-    return {"size": size, "op": op, "ops": list(OPS) if op == "mixed" else [op],
+    return {"size": size, "op": op, "ops": list(opts.ops) if op == "mixed" else [op],
             "seed": rng.randrange(1 << 31)}
 
 
@@ -587,8 +589,9 @@ def leave(rng: random.Random, opts: Options, trial: Trial) -> None:
 
 
 def stall(rng: random.Random, opts: Options, trial: Trial) -> None:
-    """SIGSTOP of a rank past a short timeout, then SIGCONT."""
-    n = rng.choice(_ns(opts, (2, 3, 4)))
+    """SIGSTOP of a rank past a short timeout, then SIGCONT (every call's values depend
+    on its number, so a resumed rank that returned another call's data is caught)."""
+    n = trial.params.pop("n", None) or rng.choice(_ns(opts, (2, 3, 4)))
     s = _stream_params(rng, opts, trial.params.pop("size", None))
     victim, delay = rng.randrange(n), round(rng.uniform(0.2, 1.0), 3)
     later = 2
@@ -598,7 +601,8 @@ def stall(rng: random.Random, opts: Options, trial: Trial) -> None:
     try:
         job.launch(n, "stream.py", {"ops": s["ops"], "size": s["size"], "seed": s["seed"],
                                     "later": later, "later_gate": job.gate("later"),
-                                    "gate": job.gate("end")}, job_env(STALL_TIMEOUT))
+                                    "gate": job.gate("end")},
+                   job_env(STALL_TIMEOUT, **dict(opts.env)))
         pids = job.ready(n)
         if not pids:
             job.not_started(trial)
@@ -615,6 +619,7 @@ def stall(rng: random.Random, opts: Options, trial: Trial) -> None:
 
         job.wait_for(lambda: job.reported(survivors, phase="first")
                      and later_done(survivors, "later"), first_limit + opts.wait)
+        time.sleep(max(0.0, t_stop + opts.stop - time.monotonic()))
         t_cont = time.monotonic()
         os.kill(pids[victim], signal.SIGCONT)
         for r in survivors:

@@ -40,6 +40,15 @@ def test_stopped_rank_times_out_then_every_call_fails_fast(chaos_seed, trial, si
     check("stall", chaos_seed, trial, size=size)
 
 
+@pytest.mark.parametrize("trial,size,n", [(2, 4096, 4), (3, 1 << 20, 3), (4, 20 << 20, 2),
+                                          (5, 4, 8)])
+def test_a_rank_stopped_mid_call_returns_the_right_bits_or_raises(chaos_seed, trial, size, n):
+    # every call's values depend on its number, so a resumed rank that read a slot, a
+    # chunk or a peer's vector that the others had rewritten since would be caught; the
+    # sizes take the slots, the mid area (1 MiB) and the reads in place (20 MiB)
+    check("stall", chaos_seed, trial, size=size, n=n)
+
+
 @pytest.mark.parametrize("trial,variant", [(0, "stream"), (1, "idle")])
 def test_killing_the_launcher_leaves_no_rank(chaos_seed, trial, variant):
     check("launcher_kill", chaos_seed, trial, variant=variant)

@@ -26,28 +26,33 @@ count = max(1, p["size"] // 4)
 ops = p["ops"]
 x = np.empty(count, np.float32)
 out = np.empty(count * n, np.float32) if "all_gather" in ops else None
-expect_gather = np.arange(1, n + 1, dtype=np.float32)
+ranks_plus_one = np.arange(1, n + 1, dtype=np.float32)
 
 
 def call(op: str, i: int) -> None:
-    """One collective, with its first and last elements checked."""
+    """One collective, with its first and last elements checked. Every call's values
+    depend on its number (rank r contributes (r + 1) * (i % 4096 + 1), exact in float32),
+    so that a rank reading another call's data, earlier or later, is caught."""
     if op == "barrier":
         minidist.barrier()
         return
-    x.fill(rank + 1)
+    scale = i % 4096 + 1
+    x.fill((rank + 1) * scale)
     if op == "all_reduce":
         minidist.all_reduce(x)
-        want = n * (n + 1) / 2
+        want = n * (n + 1) / 2 * scale
         got = (x[0], x[-1])
     elif op == "broadcast":
         root = i % n
         minidist.broadcast(x, src=root)
-        want = root + 1
+        want = (root + 1) * scale
         got = (x[0], x[-1])
     elif op == "all_gather":
         minidist.all_gather(out, x)
-        if not np.array_equal(out[::count], expect_gather):
-            raise WrongResult(f"all_gather gave {out[::count].tolist()}")
+        if not (np.array_equal(out[::count], ranks_plus_one * scale)
+                and np.array_equal(out[count - 1::count], ranks_plus_one * scale)):
+            raise WrongResult(f"all_gather #{i} gave {out[::count].tolist()} (first "
+                              f"elements), expected {(ranks_plus_one * scale).tolist()}")
         return
     else:
         raise ValueError(f"unknown op {op}")
