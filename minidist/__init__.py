@@ -55,6 +55,7 @@ from .errors import (
 )
 from .group import Group, GroupMember
 from .ops import ReduceOp
+from .shared_array import SharedArray
 from .work import Work
 
 
@@ -78,7 +79,7 @@ __all__ = [
     "send", "recv", "isend", "irecv", "send_object", "recv_object", "isend_object",
     "irecv_object", "probe", "iprobe", "broadcast_object",
     "all_gather_object", "gather_object", "scatter_object", "get_store", "Store", "Group",
-    "GroupMember", "ReduceOp", "Work",
+    "GroupMember", "ReduceOp", "Work", "SharedArray",
     "DistError", "DistTimeoutError", "PeerLostError", "CollectiveMismatchError",
     "NotInGroupError", "ProtocolError", "RendezvousError", "__version__",
 ]

@@ -122,6 +122,11 @@ class Door:
             raise TypeError(f"expected a minidist group or None, not {type(group).__name__}")
         return group
 
+    def gone(self, group: Group, rank: int) -> DistError | None:
+        """Why global ``rank`` can no longer take part in calls on ``group`` (it died or
+        left), as far as this rank knows now, or None. Safe from any thread."""
+        return self._session._fast_refusal(group, rank)
+
     # ------------------------------------------------------------------ calls
 
     def _start(self, item: Planned) -> bool:
