@@ -153,6 +153,11 @@ def hosts(versions: int, mib: float) -> None:
     shared = minidist.SharedArray("h", count, np.int64, src=0)
     minidist.barrier()
     print("READY", flush=True)
+    gate = os.environ.get("MINIDIST_TEST_GATE")
+    if gate and rank == 0:  # the test counts the network's bytes from here
+        end = time.monotonic() + 60
+        while not os.path.exists(gate) and time.monotonic() < end:
+            time.sleep(0.02)
     for k in range(1, versions + 1):
         if rank == 0:
             shared.publish(np.full(count, k, np.int64))
