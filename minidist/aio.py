@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from . import api, objects, startup
+from . import api, forkguard, objects, startup
 from .door import Door, Planned
 from .env import default_timeout, detect
 from .errors import DistError
@@ -47,6 +47,8 @@ _door: Door | None = None
 
 def _d() -> Door:
     if _door is None:
+        if forkguard.parent() is not None:
+            raise forkguard.forked_error(forkguard.parent())
         if api.is_initialized():
             raise DistError("this process uses the blocking API (minidist.init()); call "
                             "minidist's functions, not minidist.aio's")
@@ -102,6 +104,7 @@ async def init(*, rank: int | None = None, world_size: int | None = None,
                  master_port=master_port)
     session = await startup.join(cfg, float(timeout or default_timeout(os.environ)))
     _door = Door(session, None)
+    forkguard.joined()
 
 
 async def destroy() -> None:
@@ -114,6 +117,14 @@ async def destroy() -> None:
 
 def is_initialized() -> bool:
     return _door is not None
+
+
+def _forget_in_child() -> None:
+    global _door
+    _door = None  # a forked child: not its job (see minidist.forkguard)
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 # ---------------------------------------------------------------------- queries and groups

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from . import objects, startup
+from . import forkguard, objects, startup
 from .door import Door, Planned
 from .env import default_timeout, detect
 from .errors import DistError
@@ -37,6 +37,8 @@ def door() -> Door:
     (``minidist.torch``) plan and start calls. DistError if not initialized."""
     d = _door
     if d is None:
+        if forkguard.parent() is not None:
+            raise forkguard.forked_error(forkguard.parent())
         aio = sys.modules.get("minidist.aio")
         if aio is not None and aio.is_initialized():
             raise DistError("this process uses minidist.aio (await minidist.aio.init()); "
@@ -69,6 +71,7 @@ def init(*, rank: int | None = None, world_size: int | None = None,
         if timeout is None:
             timeout = default_timeout(os.environ)
         _install(startup.start(cfg, timeout))
+        forkguard.joined()
 
 
 def attach(d: Door) -> None:
@@ -116,6 +119,16 @@ def _install_exit_hooks() -> None:
 
 def is_initialized() -> bool:
     return _door is not None
+
+
+def _forget_in_child() -> None:
+    # a forked child: the parent's job is not its own (minidist.forkguard cut the door
+    # off); init() may start one afresh. The lock may have been held by another thread.
+    global _door, _lock, _crashed
+    _door, _lock, _crashed = None, threading.Lock(), False
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def get_rank(group: GroupArg = None) -> int:

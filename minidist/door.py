@@ -25,6 +25,7 @@ import concurrent.futures
 from collections.abc import Coroutine
 from typing import Any
 
+from . import forkguard
 from .errors import DistError, DistTimeoutError
 from .fast_p2p import NOT_TAKEN
 from .group import NON_GROUP_MEMBER, Group
@@ -43,6 +44,7 @@ class Door:
         self._session = session
         self.runtime = runtime
         self.plan: Planner = session.plan
+        forkguard.track(self)  # a forked child cannot use it (see minidist.forkguard)
 
     # ------------------------------------------------------------------ who we are
 
@@ -226,5 +228,6 @@ class Door:
 
     async def close(self, graceful: bool = True) -> None:
         """Leave the job (on the loop)."""
+        forkguard.untrack(self)  # from now on a forked child inherits nothing of it
         await self._session.close(graceful=graceful)
 

@@ -86,6 +86,7 @@ class Tracer:
              "args": {"sort_index": rank}}]
         self._tids: dict[tuple[int, str], int] = {}
         self._lock = threading.Lock()  # new tracks (the fast path's thread names some)
+        self._pid = os.getpid()  # a forked child's exit writes nothing for this rank
 
     def tid(self, group: Any, track: str = "calls") -> int:
         """The thread id of ``group``'s ``track`` ("calls", "sends", "fast path")."""
@@ -136,7 +137,10 @@ class Tracer:
                               "max_events": self.events.maxlen}}
 
     def flush(self) -> None:
-        """Write this rank's file (whole, replacing an earlier one)."""
+        """Write this rank's file (whole, replacing an earlier one); nothing in a child
+        forked from the rank."""
+        if os.getpid() != self._pid:
+            return
         try:
             os.makedirs(self.dir, exist_ok=True)
             tmp = f"{self.path}.{os.getpid()}.tmp"

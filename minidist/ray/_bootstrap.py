@@ -41,7 +41,7 @@ from urllib.parse import quote
 import ray
 from ray.experimental import internal_kv as kv
 
-from .. import startup
+from .. import forkguard, startup
 from ..door import Door
 from ..env import LaunchConfig
 from ..errors import DistError, DistTimeoutError
@@ -337,7 +337,10 @@ def _close(door: Door, graceful: bool = True) -> None:
 @atexit.register
 def _at_exit() -> None:
     """The process ends with groups still open: leave every job (a host waits a few
-    seconds at most for the others; after that they see it as lost)."""
+    seconds at most for the others; after that they see it as lost). Nothing in a
+    process forked from the one that joined (see :mod:`minidist.forkguard`)."""
+    if forkguard.parent() is not None:
+        return
     locked = _lock.acquire(timeout=1.0)  # a group being created must not hold us up
     try:
         left, _jobs[:] = list(_jobs), []
