@@ -226,6 +226,123 @@ def shape_digest(shape: tuple[int, ...]) -> int:
     return zlib.crc32(struct.pack(f"<{len(shape)}q", *shape)) if shape else 0
 
 
+class FrameEnd(NamedTuple):
+    """:meth:`FrameDecoder.next_event`: the payload of the frame ``header`` is complete
+    in the destination given for it, with the caller's ``token``."""
+
+    header: Header
+    token: object
+
+
+NEED_DATA = "need data"  # :meth:`FrameDecoder.next_event`: feed :meth:`~FrameDecoder.buffer`
+
+
+class FrameDecoder:
+    """The data frames of one stream from rank ``peer``, decoded without I/O (h11's
+    style): the caller reads bytes into :meth:`buffer`, says how many with
+    :meth:`received`, and asks :meth:`next_event` what happened:
+
+    * ``NEED_DATA``: read more into :meth:`buffer`;
+    * a :class:`Header`: a frame begins; the caller must answer :meth:`deliver_to` with
+      where its payload goes (a writable view of exactly ``nbytes``), or None to drop it;
+    * a :class:`FrameEnd`: that payload is complete.
+
+    Small frames are read many at a time into a staging buffer of ``stage`` bytes and
+    copied out; the rest of a larger payload is read straight into its destination, and
+    a dropped one through a slice of the staging buffer, so no payload byte is copied
+    more than once. ProtocolError for bytes that are not a frame, or a frame that
+    claims another sender."""
+
+    def __init__(self, peer: int, stage: int = 1 << 16) -> None:
+        if stage < HEADER_SIZE:
+            raise ValueError(f"the staging buffer must hold a header ({HEADER_SIZE} bytes)")
+        self.peer = peer
+        self._stage = bytearray(stage)
+        self._view = memoryview(self._stage)
+        self._start = self._end = 0  # the staged bytes not yet taken
+        self._dest: memoryview | None = None  # a payload read straight into its place
+        self._done = 0
+        self._header: Header | None = None
+        self._token: object = None
+        self._discard = 0  # payload bytes still to drop
+        self._answer = False  # a header was announced and awaits deliver_to
+
+    def buffer(self) -> memoryview:
+        """Where the next bytes of the stream go (at least one byte long)."""
+        if self._discard:
+            return self._view[:min(self._discard, len(self._stage))]
+        if self._dest is not None:
+            return self._dest[self._done:]
+        if self._end == len(self._stage):  # compact: the staged rest to the front
+            if not self._start:
+                raise RuntimeError("FrameDecoder: next_event() must take the staged frames")
+            left = self._end - self._start
+            self._stage[:left] = self._stage[self._start:self._end]
+            self._start, self._end = 0, left
+        return self._view[self._end:]
+
+    def received(self, n: int) -> None:
+        """``n`` bytes were written at the start of the last :meth:`buffer`."""
+        if self._discard:
+            self._discard -= n
+        elif self._dest is not None:
+            self._done += n
+        else:
+            self._end += n
+
+    def next_event(self) -> Header | FrameEnd | str:
+        """What the bytes so far make: ``NEED_DATA``, a :class:`Header` or a
+        :class:`FrameEnd` (see the class)."""
+        if self._answer:
+            raise RuntimeError("FrameDecoder: deliver_to() must answer the last header")
+        if self._discard:
+            return NEED_DATA
+        if self._dest is not None:
+            if self._done < self._dest.nbytes:
+                return NEED_DATA
+            end = FrameEnd(self._header, self._token)
+            self._dest, self._done, self._header, self._token = None, 0, None, None
+            return end
+        start = self._start
+        if self._end - start < HEADER_SIZE:
+            if start == self._end:
+                self._start = self._end = 0
+            return NEED_DATA
+        h = decode_header(self._view[start:start + HEADER_SIZE])
+        if h.src != self.peer:
+            raise ProtocolError(f"frame claims src {h.src} on a connection from rank "
+                                f"{self.peer}")
+        self._start = start + HEADER_SIZE
+        self._header, self._answer = h, True
+        return h
+
+    def deliver_to(self, dest: memoryview | None, token: object = None) -> FrameEnd | None:
+        """Where the payload of the frame just announced goes (``dest``, exactly its
+        ``nbytes``; None: drop it). Returns its :class:`FrameEnd` at once if the payload
+        was staged whole (copied into ``dest``), else None: :meth:`next_event` returns
+        it once the rest has arrived (never for a dropped payload)."""
+        if not self._answer:
+            raise RuntimeError("FrameDecoder: no header awaits a destination")
+        self._answer = False
+        h = self._header
+        have = min(self._end - self._start, h.nbytes)
+        at = self._start
+        self._start = at + have
+        if dest is None:
+            self._header = None
+            self._discard = h.nbytes - have
+            return None
+        if dest.nbytes != h.nbytes:
+            raise ValueError(f"a destination of {dest.nbytes} bytes for a payload of "
+                             f"{h.nbytes}")
+        dest[:have] = self._view[at:at + have]
+        if have < h.nbytes:  # the staging buffer is empty now: the rest goes to dest
+            self._dest, self._done, self._token = dest, have, token
+            return None
+        self._header = None
+        return FrameEnd(h, token)
+
+
 # --------------------------------------------------------------------------- control
 
 _CONTROL = struct.Struct("<2sBxII")  # magic, version, json length, blob length

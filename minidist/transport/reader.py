@@ -1,8 +1,9 @@
 """Reading frames off one connection, driven by the event loop's readiness callback.
 
-Small frames are read many at a time into a staging buffer and copied to where they
-belong; the payload of a large frame is read straight into the receiver's array (or a
-fresh buffer when its receive is not posted yet). No task or future per read.
+The framing itself (staging, payloads read straight into the receiver's array, dropped
+payloads) is :class:`minidist.wire.FrameDecoder`'s; this module only moves bytes from
+the socket into the buffers it names and hands each frame to the mailbox. No task or
+future per read.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ STAGE = 1 << 16
 
 
 class FrameReader:
-    """Parses the frames arriving on ``sock`` from rank ``peer`` into ``mailbox``;
-    calls ``on_close(reason)`` once when the stream ends or breaks."""
+    """Reads the frames arriving on ``sock`` from rank ``peer`` into ``mailbox``; calls
+    ``on_close(reason)`` once when the stream ends or breaks."""
 
     def __init__(self, sock: socket.socket, peer: int, mailbox: Mailbox,
                  on_close: Callable[[str], None]) -> None:
@@ -30,15 +31,7 @@ class FrameReader:
         self.peer = peer
         self.mailbox = mailbox
         self.on_close = on_close
-        self.stage = bytearray(STAGE)
-        self.view = memoryview(self.stage)
-        self.start = 0
-        self.end = 0
-        # a payload being read straight into its destination
-        self.dest: memoryview | None = None
-        self.done = 0
-        self.pending: tuple[wire.Header, Posted | None, np.ndarray | None] | None = None
-        self.discarding = 0
+        self.decoder = wire.FrameDecoder(peer, STAGE)
         self.loop = asyncio.get_running_loop()
         self.closed = False
         self.loop.add_reader(sock.fileno(), self._readable)
@@ -58,29 +51,20 @@ class FrameReader:
 
     def _readable(self) -> None:
         recv_into = self.sock.recv_into
+        dec = self.decoder
+        need, frame_end = wire.NEED_DATA, wire.FrameEnd
         try:
             while not self.closed:
-                if self.discarding:
-                    n = recv_into(self.view[:min(self.discarding, STAGE)])
+                ev = dec.next_event()
+                if ev is need:
+                    n = recv_into(dec.buffer())
                     if n == 0:
                         return self._fail("connection closed by peer")
-                    self.discarding -= n
-                    continue
-                if self.dest is not None:
-                    n = recv_into(self.dest[self.done:])
-                    if n == 0:
-                        return self._fail("connection closed by peer")
-                    self.done += n
-                    if self.done == self.dest.nbytes:
-                        self._finish_payload()
-                    continue
-                if self.start and self.end == STAGE:
-                    self._compact()
-                n = recv_into(self.view[self.end:])
-                if n == 0:
-                    return self._fail("connection closed by peer")
-                self.end += n
-                self._parse()
+                    dec.received(n)
+                elif type(ev) is frame_end:
+                    self._deliver(ev.header, *ev.token)
+                else:
+                    self._begin(dec, ev)
         except (BlockingIOError, InterruptedError):
             return
         except ProtocolError as e:
@@ -88,49 +72,20 @@ class FrameReader:
         except OSError as e:
             return self._fail(str(e) or type(e).__name__)
 
-    def _compact(self) -> None:
-        left = self.end - self.start
-        self.stage[:left] = self.stage[self.start:self.end]
-        self.start, self.end = 0, left
-
-    def _parse(self) -> None:
-        while self.end - self.start >= wire.HEADER_SIZE:
-            h = wire.decode_header(self.view[self.start:self.start + wire.HEADER_SIZE])
-            if h.src != self.peer:
-                raise ProtocolError(f"frame claims src {h.src} on a connection from rank "
-                                    f"{self.peer}")
-            body = self.start + wire.HEADER_SIZE
-            have = min(self.end - body, h.nbytes)
-            posted = self.mailbox.claim(h)
-            if posted is REJECTED:
-                posted, dest, keep = None, None, None  # refused by the receive's check
-            elif posted is not None and posted.view is not None:
-                dest, keep = posted.view, None
-            else:  # not asked for yet, or of any size: keep the bytes (not zero-filled)
-                keep = np.empty(h.nbytes, np.uint8)
-                dest = memoryview(keep)
-            if dest is None:
-                self.start = body + have
-                self.discarding = h.nbytes - have
-                if self.discarding:
-                    self.start = self.end = 0
-                    return
-                continue
-            dest[:have] = self.view[body:body + have]
-            if have < h.nbytes:  # the rest goes straight to its destination
-                self.dest, self.done = dest, have
-                self.pending = (h, posted, keep)
-                self.start = self.end = 0
-                return
-            self.start = body + have
+    def _begin(self, dec: wire.FrameDecoder, h: wire.Header) -> None:
+        """A frame begins: its payload goes to the receive posted for it, into a fresh
+        buffer (not asked for yet), or nowhere (refused by the receive's check)."""
+        posted = self.mailbox.claim(h)
+        if posted is REJECTED:
+            dec.deliver_to(None)
+            return
+        if posted is not None and posted.view is not None:
+            dest, keep = posted.view, None
+        else:  # not asked for yet, or of any size: keep the bytes (not zero-filled)
+            keep = np.empty(h.nbytes, np.uint8)
+            dest = memoryview(keep)
+        if dec.deliver_to(dest, (posted, keep)) is not None:
             self._deliver(h, posted, keep)
-        if self.start == self.end:
-            self.start = self.end = 0
-
-    def _finish_payload(self) -> None:
-        h, posted, keep = self.pending
-        self.dest, self.pending, self.done = None, None, 0
-        self._deliver(h, posted, keep)
 
     def _deliver(self, h: wire.Header, posted: Posted | None, keep: np.ndarray | None) -> None:
         if posted is None:
