@@ -40,6 +40,7 @@ from .errors import DistError
 from .group import Group
 from .kvstore import AsyncStore
 from .ops import ReduceOp
+from .shared_array import DEFAULT_BUFFERS, AsyncSharedArray
 
 GroupArg = Group | object | None
 _door: Door | None = None
@@ -350,3 +351,19 @@ async def scatter_object(objs: list[Any] | None, src: int = 0, group: GroupArg =
 def get_store() -> AsyncStore:
     """The job's key/value store; its methods are awaited."""
     return AsyncStore(_d())
+
+
+# ---------------------------------------------------------------------- shared arrays
+
+SharedArray = AsyncSharedArray  # see minidist.SharedArray; made with shared_array()
+
+
+async def shared_array(name: str, shape: Any, dtype: Any, src: int = 0,
+                       group: GroupArg = None, *,
+                       buffers: int = DEFAULT_BUFFERS) -> AsyncSharedArray:
+    """:class:`minidist.SharedArray` on this loop, made by every member of the group:
+    ``await shared.publish(a)`` on ``src``, ``shared.read()`` (never waits),
+    ``await shared.wait(version)`` (sleeps in an executor thread, the loop runs on),
+    ``await shared.close()``."""
+    return await AsyncSharedArray.create(_d(), name, shape, dtype, src, group,
+                                         buffers=buffers)
