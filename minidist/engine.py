@@ -572,10 +572,12 @@ class Engine:
 
     async def run(self, call: Call, schedule: Schedule, bufs: dict[str, np.ndarray],
                   op: ReduceOp, timeout: float, sent: frozenset[int] = frozenset(),
-                  prologue: Callable[[], Awaitable[None]] | None = None) -> None:
+                  prologue: Callable[[], Awaitable[Schedule | None]] | None = None) -> None:
         """Execute ``schedule`` on ``bufs`` (flat arrays by name), with a deadline;
         ``sent``: the first step's sends that :meth:`send_first` did; ``prologue``: what
-        must happen first, under the same deadline and checks (a shared-memory set-up).
+        must happen first, under the same deadline and checks (a shared-memory set-up),
+        which may return the schedule to run instead (every rank of the call must do the
+        same: a segment that could not be had).
 
         On any failure the call raises on this rank, the other ranks of the group hear
         of it (their same call fails too), and the group is unusable afterwards."""
@@ -598,8 +600,8 @@ class Engine:
                     raise early
                 async with asyncio.timeout(timeout):
                     if self.tracer is None:
-                        if prologue is not None:
-                            await prologue()
+                        if prologue is not None:  # it may give a schedule to run instead
+                            schedule = await prologue() or schedule
                         await self._execute(active, schedule, bufs, op, waiting, sent)
                     else:
                         await self._execute_traced(self.tracer, active, schedule, bufs, op,
@@ -702,7 +704,8 @@ class Engine:
 
     async def _execute_traced(self, tr: Tracer, active: _Active, schedule: Schedule,
                               bufs: dict[str, np.ndarray], op: ReduceOp, waiting: set[int],
-                              prologue: Callable[[], Awaitable[None]] | None) -> None:
+                              prologue: Callable[[], Awaitable[Schedule | None]] | None
+                              ) -> None:
         """:meth:`_execute`, recorded (MINIDIST_TRACE), within one slice for the whole
         call and one for a shared-memory set-up."""
         call = active.call
@@ -720,7 +723,7 @@ class Engine:
             args["root"] = call.root
         try:
             if prologue is not None:
-                await prologue()
+                schedule = await prologue() or schedule
                 tr.span("shm set-up", "setup", calls, start, tr.now(), {"call": call.seq})
             await self._execute(active, schedule, bufs, op, waiting, frozenset(), tr)
         except BaseException as e:

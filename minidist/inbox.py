@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import glob
 import mmap
 import os
@@ -72,6 +71,7 @@ BLOCK = 64  # a stash block's header (its DONE word) and alignment
 STASH_BYTES = (16 << 20) + HEADER + BLOCK  # a sender's stash: a message of 16 MiB fits
 STASH_KEY = 0x57A5 << 48  # the "group" part of a stash's segment name, | the rank
 STASH_MAGIC = 0x68_73_61_74_73_64_6D_31  # "1mdstash"
+STASH_STEP = 1 << 20  # a stash's pages are reserved this many bytes at a time
 _DESC = struct.Struct("<qqq")  # a stash record's payload: pid, offset, nbytes
 _OPEN, _BELL, _SLEEPING, _MAGIC, _RINGS = 0, 4, 8, 16, 24
 _HEAD, _TAIL = 0, 32
@@ -108,9 +108,22 @@ def _sweep(job: str, rank: int, name) -> None:
             segments.unlink(os.path.basename(path))
 
 
-def _map_own(path: str, size: int | None) -> mmap.mmap | None:
+def _made(job: str, name: str, size: int, reserved: int,
+          what: str) -> tuple[mmap.mmap, int]:
+    """A new segment with its first ``reserved`` bytes reserved, and its fd; NoRoom
+    (said once per job, :func:`segments.warn_no_room`) if /dev/shm has no room."""
+    try:
+        return segments.create_open(name, size, reserved)
+    except segments.NoRoom as e:
+        segments.warn_no_room(job, e, what)
+        raise
+
+
+def _map_own(path: str, size: int | None,
+             reserve: tuple[int, int] | None = None) -> mmap.mmap | None:
     """Map ``path`` if it is a regular file of this user alone (of ``size`` bytes, if
-    given); None otherwise."""
+    given), with the pages of ``reserve`` (offset, length) reserved first
+    (:func:`segments.reserve`; NoRoom if they cannot be); None otherwise."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
     except OSError:
@@ -121,7 +134,11 @@ def _map_own(path: str, size: int | None) -> mmap.mmap | None:
                 st.st_mode & 0o077 or (size is not None and st.st_size != size) or \
                 st.st_size < HEADER:
             return None
+        if reserve is not None:
+            segments.reserve(fd, *reserve, "an inbox's ring")
         return mmap.mmap(fd, st.st_size)
+    except segments.NoRoom:
+        raise
     except OSError:
         return None
     finally:
@@ -148,7 +165,20 @@ class Inbox:
         self.senders = list(range(rings)) if senders is None else senders
         self._stashes: dict[tuple[int, int], np.ndarray] = {}  # (ring, pid) -> mapping
         _sweep(job, rank, inbox_name)
-        self.seg = segments.create(self.name, inbox_bytes(rings))
+        # this rank touches the header and each ring's first words (HEAD, TAIL); a ring's
+        # records are reserved by its sender before it writes one (Outbox.attach)
+        self.seg, fd = _made(job, self.name, inbox_bytes(rings), HEADER,
+                             f"the inbox of a rank with {rings} local peers")
+        try:
+            for ring in range(rings):
+                segments.reserve(fd, HEADER + ring * RING, 64, "an inbox")
+        except segments.NoRoom as e:
+            self.seg.close()
+            segments.unlink(self.name)
+            segments.warn_no_room(job, e, f"the inbox of a rank with {rings} local peers")
+            raise
+        finally:
+            os.close(fd)
         self.mem = np.frombuffer(self.seg, np.uint8)
         self.words = self.mem.view(np.int32)
         self.base = self.mem.ctypes.data
@@ -290,7 +320,11 @@ class Outbox:
         for path, pid in _named(job, rank):
             if not segments.alive(pid):  # a killed process's inbox: nobody reads it
                 continue
-            seg = _map_own(path, size)
+            try:  # this sender's ring, reserved before it writes a record there
+                seg = _map_own(path, size, (HEADER + ring * RING, RING))
+            except segments.NoRoom as e:
+                segments.warn_no_room(job, e, "a message through a rank's inbox")
+                return None
             if seg is None:
                 continue
             magic, count = struct.unpack_from("<qq", seg, _MAGIC)
@@ -341,11 +375,12 @@ class Stash:
 
     def __init__(self, job: str, rank: int, size: int = STASH_BYTES) -> None:
         self.name = stash_name(job, rank, os.getpid())
+        self.job = job
         _sweep(job, rank, stash_name)
-        fs = os.statvfs(segments.SHM_DIR)
-        if fs.f_bavail * fs.f_frsize < 2 * size:  # a write to a page that finds /dev/shm
-            raise OSError(errno.ENOSPC, "little room in /dev/shm")  # full kills (SIGBUS)
-        self.seg = segments.create(self.name, size)
+        # its blocks' pages are reserved as they are first needed (see _reserve)
+        self.seg, self._fd = _made(job, self.name, size, STASH_STEP,
+                                   "a rank's stash of large messages")
+        self.reserved = min(size, STASH_STEP)
         self.mem = np.frombuffer(self.seg, np.uint8)
         self.words = self.mem.view(np.int32)
         self.size = size
@@ -355,6 +390,9 @@ class Stash:
     def close(self) -> None:
         """Remove the stash's name and unmap it (a receiver that mapped it keeps it)."""
         segments.unlink(self.name)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         self.words = self.mem = None
         self.blocks.clear()
         with contextlib.suppress(BufferError):
@@ -386,12 +424,26 @@ class Stash:
         record's descriptor, or None if there is no room (nothing was changed)."""
         need = BLOCK + -(-payload.nbytes // BLOCK) * BLOCK
         at = self._place(need)
-        if at is None:
+        if at is None or not self._reserve(at + need):
             return None
         self.words[at // 4] = 0  # DONE: not yet (a receiver stores 1)
         self.mem[at + BLOCK:at + BLOCK + payload.nbytes] = payload
         self.blocks.append((at, at + need, dst))
         return _DESC.pack(os.getpid(), at, payload.nbytes)
+
+    def _reserve(self, end: int) -> bool:
+        """Whether the stash's first ``end`` bytes have their pages (reserving more, in
+        steps of STASH_STEP, if not); False (said once per job) if /dev/shm has no room."""
+        if end <= self.reserved:
+            return True
+        upto = min(self.size, -(-end // STASH_STEP) * STASH_STEP)
+        try:
+            segments.reserve(self._fd, self.reserved, upto - self.reserved, "a stash")
+        except segments.NoRoom as e:
+            segments.warn_no_room(self.job, e, "a large message through a rank's stash")
+            return False
+        self.reserved = upto
+        return True
 
     def unput(self) -> None:
         """Free the newest block (its record was not written)."""

@@ -94,3 +94,27 @@ def key() -> str | None:
         return f"{ns}:{os.getresuid()}:{os.getresgid()}"
     except (OSError, AttributeError):
         return None
+
+
+_PROBE = ctypes.create_string_buffer(b"minidist", 8)  # what a peer reads to try
+
+
+def spot() -> str:
+    """Where a peer can try reading this process (:func:`readable`): its pid and the
+    address of 8 known bytes."""
+    return f"{os.getpid()}:{ctypes.addressof(_PROBE)}"
+
+
+def readable(where: str) -> bool:
+    """Whether this process can read the process at ``where`` (a peer's :func:`spot`):
+    one read of its 8 known bytes. False where the system call is refused (EPERM: a
+    container's seccomp profile without CAP_SYS_PTRACE, Yama), or fails any other way."""
+    if _LIBC is None:
+        return False
+    try:
+        pid, at = (int(x) for x in where.split(":"))
+        back = ctypes.create_string_buffer(8)
+        read(pid, ctypes.addressof(back), at, 8)
+    except (OSError, ValueError):
+        return False
+    return back.raw == _PROBE.raw

@@ -369,18 +369,38 @@ class Planner:
         return Prepared(call, None, bufs, op, copied, finish, fast=f, fast_numbers=uses,
                         reads=reads)
 
+    def can_read(self, g: Group) -> bool:
+        """Whether every rank of ``g`` said it can read the others' memory (their keys,
+        :func:`minidist.peer_memory.key`, are equal)."""
+        return self._can_read(g)
+
+    def socket_schedule(self, call: Call, bufs: dict[str, np.ndarray]):
+        """The schedule ``call`` (planned for shared memory: the fast path, or the
+        ``shared_memory`` algorithm) runs instead when its group has no shared memory to
+        use: what the socket path would choose, never ``shared_memory`` (the same on
+        every rank, which keeps ``call`` itself: its frames carry its algorithm)."""
+        g = call.group
+        return self._plan(call.kind, g, bufs["out"], bufs["in"], call.count, (), call.root,
+                          None, shm=False)[3]
+
     def _plan(self, kind: wire.Kind, g: Group, flat: np.ndarray, inp: np.ndarray,
-              count: int, shape: tuple[int, ...], root: int, algorithm: str | None):
-        """(algorithm, its wire index, shape digest, schedule, dtype code) of a call."""
+              count: int, shape: tuple[int, ...], root: int, algorithm: str | None,
+              shm: bool | None = None):
+        """(algorithm, its wire index, shape digest, schedule, dtype code) of a call
+        (``shm``: whether shared memory may be used; None: if it is allowed)."""
         collective = kind.name.lower()
+        instead = shm is not None  # a stand-in for a call that had to give shared memory up
+        shm = self.shm_enabled if shm is None else shm
         # the same on every rank: the whole vector (for gather and scatter, the root's)
         nbytes = count * flat.itemsize * (1 if collective in algorithms.IN_PLACE else g.size)
         layout = self._layout(g)
         forced = algorithm or self._forced.get(collective)
-        if forced == "shared_memory" and (len(set(layout)) > 1 or not self.shm_enabled):
+        if instead and forced == "shared_memory":
+            forced = None
+        if forced == "shared_memory" and (len(set(layout)) > 1 or not shm):
             raise ValueError(f"{collective}: algorithm 'shared_memory' needs a group on one "
                              "node and shared memory enabled (MINIDIST_SHM is not 0)")
-        if (kind == wire.Kind.BROADCAST and forced is None and self.shm_enabled
+        if (kind == wire.Kind.BROADCAST and forced is None and shm
                 and len(set(layout)) == 1 and nbytes >= SHM_BROADCAST_MIN_BYTES):
             forced = "shared_memory"  # one node, a large vector: one copy in, one out
         if kind == wire.Kind.ALL_REDUCE and forced is None:
@@ -391,7 +411,7 @@ class Planner:
             else:  # one node: the cost model picks
                 chunk = shm_algorithm.chunk_elements(g.size, flat.itemsize) * flat.itemsize
                 forced = cost.choose(g.size, nbytes, self.costs, chunk,
-                                     cost.CANDIDATES if self.shm_enabled
+                                     cost.CANDIDATES if shm
                                      else cost.CANDIDATES[:-1], itemsize=flat.itemsize)
         if kind == wire.Kind.ALL_TO_ALL and forced is None:  # the replay picks
             forced = cost.choose_replayed("all_to_all", g.size, count, self.costs,

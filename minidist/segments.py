@@ -9,11 +9,80 @@ sweep what a process killed in the short window before the unlink left behind.
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import mmap
 import os
+import sys
 
 SHM_DIR = "/dev/shm"
+WARNED = "-warned"  # the name's end of a job's marker that it warned (warn_once)
+HEADROOM_FRACTION = 16  # a segment is refused if less than 1/16 of /dev/shm stays free
+_NO_ROOM = (errno.ENOSPC, errno.ENOMEM, errno.EFBIG, errno.EDQUOT)
+
+
+class NoRoom(OSError):
+    """A segment (or a range of one) could not be reserved in /dev/shm: ``size`` bytes
+    were asked for, ``free`` and ``total`` are what /dev/shm had (bytes)."""
+
+    def __init__(self, what: str, size: int, free: int, total: int, err: int) -> None:
+        super().__init__(errno.ENOSPC, f"{what}: no room for {mib(size)} in {SHM_DIR} "
+                         f"({mib(free)} free of {mib(total)}; {os.strerror(err)})")
+        self.size, self.free, self.total = size, free, total
+
+
+def mib(nbytes: int) -> str:
+    """``nbytes`` in MiB, as a person reads it."""
+    v = nbytes / (1 << 20)
+    return f"{v:.2f} MiB" if v < 10 else f"{v:.0f} MiB"
+
+
+def room() -> tuple[int, int]:
+    """(bytes free, bytes in all) of /dev/shm; (0, 0) if it cannot be read."""
+    try:
+        fs = os.statvfs(SHM_DIR)
+    except OSError:
+        return 0, 0
+    return fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
+
+
+def reserve(fd: int, offset: int, length: int, what: str = "shared memory") -> None:
+    """Give the pages of ``[offset, offset + length)`` of the /dev/shm file ``fd`` their
+    memory now (``posix_fallocate``), so that no later first touch of them can fail (a
+    page that tmpfs cannot supply on first touch kills the process with SIGBUS). The
+    pages of every node's ranks come out of one pool, /dev/shm itself, so its own count
+    is the node's budget: NoRoom if the reservation would leave less than 1/16 of
+    /dev/shm free (room for other programs and for this job's small segments), or if
+    tmpfs refuses (ENOSPC, also when another process took the room just before)."""
+    if length <= 0:
+        return
+    free, total = room()
+    if total and free - length < total // HEADROOM_FRACTION:
+        raise NoRoom(what, length, free, total, errno.ENOSPC)
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError as e:
+        if e.errno in _NO_ROOM:
+            free, total = room()
+            raise NoRoom(what, length, free, total, e.errno) from None
+        if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+        # a file system that cannot reserve: touch every page now, where a failure is
+        # an error rather than a signal in the middle of a call
+        _touch(fd, offset, length, what)
+
+
+def _touch(fd: int, offset: int, length: int, what: str) -> None:
+    page = mmap.PAGESIZE
+    zero = bytes(page)
+    pos = offset - offset % page
+    while pos < offset + length:
+        try:
+            os.pwrite(fd, zero, pos)  # a write that finds no room says ENOSPC
+        except OSError as e:
+            free, total = room()
+            raise NoRoom(what, length, free, total, e.errno) from None
+        pos += page
 
 
 def available() -> bool:
@@ -25,14 +94,29 @@ def segment_name(job: str, group: int, pid: int) -> str:
     return f"minidist-{job}-{group:016x}-{pid}"
 
 
-def create(name: str, size: int) -> mmap.mmap:
-    """Create and map a new segment (FileExistsError if the name is taken)."""
+def create(name: str, size: int, reserved: int | None = None) -> mmap.mmap:
+    """Create and map a new segment of ``size`` bytes whose first ``reserved`` bytes
+    (None: all) have their memory reserved (:func:`reserve`); the rest must be reserved
+    before it is touched. FileExistsError if the name is taken; NoRoom (nothing is left
+    behind) if /dev/shm has no room for it."""
+    seg, fd = create_open(name, size, reserved)
+    os.close(fd)
+    return seg
+
+
+def create_open(name: str, size: int, reserved: int | None = None) -> tuple[mmap.mmap, int]:
+    """:func:`create`, and the segment's file descriptor (the caller closes it), for
+    reserving the rest later."""
     fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, size)
-        return mmap.mmap(fd, size)
-    finally:
+        reserve(fd, 0, size if reserved is None else min(reserved, size),
+                f"shared-memory segment {name}")
+        return mmap.mmap(fd, size), fd
+    except BaseException:
         os.close(fd)
+        unlink(name)
+        raise
 
 
 def attach(name: str, size: int) -> mmap.mmap:
@@ -49,13 +133,42 @@ def unlink(name: str) -> None:
         os.unlink(os.path.join(SHM_DIR, name))
 
 
+def warn_once(job: str, text: str) -> bool:
+    """Print ``text`` (one line, to stderr) unless a process of this job on this node
+    already did: the first to create the job's marker name in /dev/shm prints (the
+    marker goes with the job's other names, :func:`sweep`). True if this one printed."""
+    try:
+        os.close(os.open(os.path.join(SHM_DIR, f"minidist-{job}{WARNED}"),
+                         os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    except OSError:
+        pass  # no marker can be made: better a line per rank than none
+    print(text, file=sys.stderr, flush=True)
+    return True
+
+
+def warn_no_room(job: str, err: NoRoom, what: str) -> bool:
+    """Say once per job and node (:func:`warn_once`) that ``what`` could not have the
+    shared memory it needed (``err``) and goes over sockets, with the fixes."""
+    want = max(1 << 30, 1 << max(0, (err.total + err.size - 1).bit_length()))
+    return warn_once(job, (
+        f"minidist: warning: {SHM_DIR} is too small: {what} needed {mib(err.size)} of "
+        f"shared memory and {mib(err.free)} of {mib(err.total)} were free, so it runs over "
+        f"sockets (correct, slower) and so may others in this job; give the container "
+        f"more (docker run --shm-size={want >> 30}g, or a Kubernetes emptyDir with "
+        f"medium: Memory on /dev/shm) or set MINIDIST_SHM=0 to use no shared memory "
+        f"(and no warning)"))
+
+
 def sweep(job: str) -> list[str]:
     """Remove every segment name of a job left in /dev/shm; return what was removed."""
     removed = []
     for path in glob.glob(os.path.join(SHM_DIR, f"minidist-{job}-*")):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-            removed.append(os.path.basename(path))
+            if not path.endswith(WARNED):  # the marker of warn_once: no segment
+                removed.append(os.path.basename(path))
     return removed
 
 

@@ -18,8 +18,20 @@ import time
 
 import numpy as np
 
-from . import algorithms, calibrate, env, fastpath, ops, peer_memory, segments, tracing, wire
+from . import (
+    algorithms,
+    calibrate,
+    env,
+    fastpath,
+    ops,
+    peer_memory,
+    segments,
+    shm_setup,
+    tracing,
+    wire,
+)
 from .algorithms import shm as shm_algorithm
+from .algorithms.schedule import Schedule
 from .engine import Engine
 from .env import LaunchConfig
 from .errors import DistError, DistTimeoutError, PeerLostError, RendezvousError
@@ -86,9 +98,11 @@ class Session:
             segments.available() and env.shared_memory_allowed(os.environ),
             calibrate.load(), forced)
         self.world = self.plan.world
-        if fastpath.available() and segments.available() and env.fast_path_allowed(os.environ):
+        if fastpath.available() and segments.available() and env.fast_path_allowed(
+                os.environ) and env.shared_memory_allowed(os.environ):
             self.plan.fast = True
-        self._fast: dict[int, fastpath.Slots] = {}
+        self._fast: dict[int, fastpath.Slots | None] = {}  # None: no segment to be had
+        self._fast_room: dict[int, tuple[bool, bool]] = {}  # (mid area, reads) per group
         self._fast_maps: list[object] = []
         self._fast_turn: dict[int, int] = {}  # per group: the fast call whose turn it is
         self._fast_cond = threading.Condition(threading.Lock())
@@ -176,7 +190,7 @@ class Session:
             self.p2p.close()
         self._fast.clear()
         for seg in [*self._segments.values(), *self._fast_maps]:
-            with contextlib.suppress(BufferError):
+            with contextlib.suppress(BufferError, AttributeError):  # None: none was had
                 seg.close()
         self._segments.clear()
         self._fast_maps.clear()
@@ -241,36 +255,31 @@ class Session:
 
     async def _segment(self, g: Group):
         """This group's shared-memory segment, set up on first use by every member: two
-        halves of SEGMENT_BYTES, used by the group's shared-memory calls in turn."""
-        seg = self._segments.get(g.id)
-        if seg is not None:
-            return seg
-        size = 2 * shm_algorithm.SEGMENT_BYTES
+        halves of SEGMENT_BYTES, used by the group's shared-memory calls in turn. None
+        (on every member) when its first rank had no room for it."""
+        if g.id in self._segments:
+            return self._segments[g.id]
         leader = g.ranks[0]
-        if self.rank == leader:
-            name = segments.segment_name(self.job, g.id, os.getpid())
-            seg = segments.create(name, size)
-            try:
-                for r in g.ranks[1:]:
-                    await self.send(self.plan.prepare_send(name.encode(), r, SHM_TAG, g,
-                                                           is_object=True, internal=True))
-                for r in g.ranks[1:]:
-                    await self.recv(self.plan.prepare_recv(None, r, SHM_TAG, g,
-                                                           internal=True))
-            finally:
-                segments.unlink(name)  # every member has it mapped (or failed): no name left
-        else:
-            name = (await self.recv(self.plan.prepare_recv(None, leader, SHM_TAG, g,
-                                                           internal=True))).decode()
-            try:
-                seg = segments.attach(name, size)
-            except FileNotFoundError:  # the first rank gave up on this call meanwhile
-                raise DistError(f"shared-memory set-up on {g!r} failed on rank {self.rank}: "
-                                f"rank {leader} abandoned it") from None
-            await self.send(self.plan.prepare_send(b"ok", leader, SHM_TAG, g, is_object=True,
-                                                   internal=True))
+        try:
+            seg = await shm_setup.algorithm_segment(
+                self.job, self.rank, g, segments.segment_name(self.job, g.id, os.getpid()),
+                *self._setup_messages(g, SHM_TAG))
+        except FileNotFoundError:  # the first rank gave up on this call meanwhile
+            raise DistError(f"shared-memory set-up on {g!r} failed on rank {self.rank}: "
+                            f"rank {leader} abandoned it") from None
         self._segments[g.id] = seg
         return seg
+
+    def _setup_messages(self, g: Group, tag: int):
+        """(send, recv) of a set-up's messages on ``g`` (bytes, from or to one rank)."""
+        async def send(data: bytes, to: int) -> None:
+            await self.send(self.plan.prepare_send(data, to, tag, g, is_object=True,
+                                                   internal=True))
+
+        async def recv(frm: int) -> bytes:
+            return await self.recv(self.plan.prepare_recv(None, frm, tag, g, internal=True))
+
+        return send, recv
 
     def send_first(self, p: Prepared, loop: asyncio.AbstractEventLoop) -> None:
         """From the caller's thread, just before :meth:`execute`: write the call's first
@@ -307,51 +316,60 @@ class Session:
         refused = self.engine._refusal(p.call)
         if refused is not None:
             raise refused
-        size = fastpath.segment_bytes(g.size)
         leader = g.ranks[0]
         key = g.id ^ 0x5A5A5A5A5A5A5A5A  # not the group's other segment's name
         waiting = [leader]
+        messages = self._setup_messages(g, FAST_TAG)
         try:
             if self.rank == leader:
-                name = segments.segment_name(self.job, key, os.getpid())
-                seg = segments.create(name, size)
-                try:
-                    for r in g.ranks[1:]:
-                        await self.send(self.plan.prepare_send(name.encode(), r, FAST_TAG, g,
-                                                               is_object=True, internal=True))
-                    waiting = list(g.ranks[1:])
-                    for r in g.ranks[1:]:
-                        await self.recv(self.plan.prepare_recv(None, r, FAST_TAG, g,
-                                                               internal=True))
-                        waiting.remove(r)
-                finally:
-                    segments.unlink(name)
+                seg, mid, reads = await shm_setup.lead_fast(
+                    self.job, segments.segment_name(self.job, key, os.getpid()), g,
+                    self.plan.can_read(g), *messages, waiting)
             else:
-                name = (await self.recv(self.plan.prepare_recv(None, leader, FAST_TAG, g,
-                                                               internal=True))).decode()
-                try:
-                    seg = segments.attach(name, size)
-                except FileNotFoundError:
-                    # the first rank gave up on this call: its abort says why, shortly
-                    end = asyncio.get_running_loop().time() + 2.0
-                    while asyncio.get_running_loop().time() < end:
-                        refused = self.engine._refusal(p.call)
-                        if refused is not None:
-                            raise refused from None
-                        await asyncio.sleep(0.01)
-                    raise DistError(f"{p.call.name} on {g!r} failed on rank {self.rank}: "
-                                    f"rank {leader} abandoned the set-up of its shared "
-                                    "slots") from None
-                await self.send(self.plan.prepare_send(b"ok", leader, FAST_TAG, g,
-                                                       is_object=True, internal=True))
-        except DistTimeoutError:
-            call = p.call
-            raise DistTimeoutError(
-                f"{call.name} on {g!r} (call #{call.seq}) timed out after "
-                f"{self.timeout_of(g):g} s on rank {self.rank}; ranks that never arrived: "
-                f"{waiting}", collective=call.name, group=g, missing=waiting) from None
+                seg, mid, reads = await shm_setup.join_fast(
+                    fastpath.segment_bytes(g.size), leader, *messages,
+                    lambda name, size: self._fast_attach(p, name, size, leader))
+        except DistTimeoutError:  # the rendezvous knows who never came to this call
+            raise await self.engine._timeout_error(p.call, self.timeout_of(g),
+                                                   set(waiting)) from None
+        self._fast_room[g.id] = (mid, reads)
+        if seg is None:  # every member says so: the group's calls go over sockets
+            self._fast[g.id] = None
+            return
         self._fast_maps.append(seg)
         self._fast[g.id] = fastpath.Slots(seg, g, g.rank_of(self.rank))
+
+    async def _fast_attach(self, p: Prepared, name: str, size: int, leader: int):
+        """Map the fast segment ``name`` of ``p``'s group, which its first rank made."""
+        try:
+            return segments.attach(name, size)
+        except FileNotFoundError:
+            # the first rank gave up on this call: its abort says why, shortly
+            end = asyncio.get_running_loop().time() + 2.0
+            while asyncio.get_running_loop().time() < end:
+                refused = self.engine._refusal(p.call)
+                if refused is not None:
+                    raise refused from None
+                await asyncio.sleep(0.01)
+            raise DistError(f"{p.call.name} on {p.call.group!r} failed on rank {self.rank}: "
+                            f"rank {leader} abandoned the set-up of its shared slots") from None
+
+    def _fast_fits(self, p: Prepared) -> bool:
+        """Whether ``p``'s group's fast segment can run ``p`` (the same answer on every
+        rank): else it runs over sockets (:meth:`_instead`)."""
+        gid = p.call.group.id
+        return self._fast.get(gid) is not None and shm_setup.fits(
+            self._fast_room[gid], p.reads, p.bufs["out"].nbytes)
+
+    async def _instead(self, p: Prepared) -> None:
+        """Run fast call ``p`` over sockets, as the socket path would have (every rank of
+        its group does, see :meth:`_fast_fits`); on the loop."""
+        sched = self.plan.socket_schedule(p.call, p.bufs)
+        p.bufs["tmp"] = self._scratch(p.bufs["out"].dtype, sched.tmp_size)
+        try:
+            await self.engine.run(p.call, sched, p.bufs, p.op, self.timeout_of(p.call.group))
+        finally:
+            self._give_back(p.bufs.pop("tmp", None))
 
     def run_fast(self, p: Prepared, loop: asyncio.AbstractEventLoop) -> None:
         """Run a fast call on this thread (never the loop's): the group's fast calls run
@@ -387,7 +405,10 @@ class Session:
                 src = p.bufs["in"]
             else:
                 src = out[:0]
-            self._fast[g.id].run(p.fast, call, out, src, p.op, deadline, hooks, p.reads)
+            if self._fast_fits(p):
+                self._fast[g.id].run(p.fast, call, out, src, p.op, deadline, hooks, p.reads)
+            else:  # no shared memory for it: over sockets, on the loop
+                asyncio.run_coroutine_threadsafe(self._instead(p), loop).result()
             if p.finish:
                 ops.finish(p.op, out, g.size)
             if p.user is not None:
@@ -482,9 +503,13 @@ class Session:
         if p.call is not None and p.schedule.shared_tmp:
             g = p.call.group
 
-            async def map_segment() -> None:
+            async def map_segment() -> Schedule | None:
                 # inside the call: a rank that chose another algorithm is found out here
                 seg = await self._segment(g)
+                if seg is None:  # no room in /dev/shm: every rank runs this instead
+                    instead = self.plan.socket_schedule(p.call, p.bufs)
+                    p.bufs["tmp"] = np.empty(instead.tmp_size, out.dtype)
+                    return instead
                 # consecutive calls use the two halves in turn: a rank that finished this
                 # call may start the next before a slower one has copied out its result,
                 # and cannot start the one after before every rank finished this one
@@ -492,6 +517,7 @@ class Session:
                 self._shm_turns[g.id] = turn + 1
                 p.bufs["tmp"] = np.frombuffer(seg, out.dtype, p.schedule.tmp_size,
                                               (turn % 2) * shm_algorithm.SEGMENT_BYTES)
+                return None
 
             lock = self._shm_locks.setdefault(g.id, asyncio.Lock())
             async with lock:  # calls on one group share its segment: one at a time

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 
 import torch
 
+from minidist import segments
 from minidist.ops import ReduceOp
 
 from ._dtypes import reduce_into
@@ -109,9 +110,13 @@ class HostSlots:
         self.path = (f"/dev/shm/minidist-native-{hint}{os.getpid()}-"
                      f"{secrets.token_hex(4)}")
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
+        try:  # every page reserved now: /dev/shm too small is an error here, not SIGBUS
             os.ftruncate(fd, 2 * capacity)
+            segments.reserve(fd, 0, 2 * capacity, "host slots")
             self._maps = [mmap.mmap(fd, 2 * capacity)]
+        except BaseException:
+            self.unlink()
+            raise
         finally:
             os.close(fd)
         self._bufs: list[torch.Tensor] = []

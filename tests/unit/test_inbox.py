@@ -268,15 +268,36 @@ def test_a_default_stash_holds_a_message_of_16_mib_and_no_more():
         stash.close()
 
 
-def test_no_stash_is_made_when_dev_shm_has_little_room(monkeypatch):
+def test_a_stash_takes_no_block_that_dev_shm_has_no_room_for(monkeypatch, capsys):
+    """Its pages are reserved as blocks first need them: a block past what /dev/shm
+    can give is refused (the message goes over the socket) instead of a page fault that
+    would kill the process (SIGBUS), and the job hears of it once."""
     real = os.statvfs(segments.SHM_DIR)
+    free = [64 << 20]
 
-    class Full:
-        f_frsize, f_bavail = real.f_frsize, (inbox.STASH_BYTES // real.f_frsize)
+    class Shm:
+        f_frsize = real.f_frsize
+        f_blocks = (64 << 20) // real.f_frsize
+
+        @property
+        def f_bavail(self) -> int:
+            return free[0] // real.f_frsize
 
     job = secrets.token_hex(10)
-    monkeypatch.setattr(inbox.os, "statvfs", lambda path: Full)
-    with pytest.raises(OSError, match="little room"):
-        Stash(job, 1)
+    monkeypatch.setattr(segments.os, "statvfs", lambda path: Shm())
+    stash = Stash(job, 1)
+    try:
+        assert stash.reserved == inbox.STASH_STEP
+        assert stash.put(np.ones(100 << 10, np.uint8), 2) is not None  # in the first step
+        free[0] = 5 << 20  # others took the room
+        assert stash.put(np.ones(4 << 20, np.uint8), 2) is None
+        assert stash.reserved == inbox.STASH_STEP  # nothing more was taken
+        assert "too small" in capsys.readouterr().err
+        free[0] = 60 << 20
+        assert stash.put(np.ones(4 << 20, np.uint8), 2) is not None
+        assert stash.reserved >= 5 << 20
+    finally:
+        stash.close()
+        segments.unlink(f"minidist-{job}{segments.WARNED}")
     assert not os.path.exists(os.path.join(segments.SHM_DIR, inbox.stash_name(job, 1,
                                                                                os.getpid())))
