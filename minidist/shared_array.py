@@ -32,6 +32,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -272,12 +273,16 @@ class Shared:
 
     # ------------------------------------------------------------------ writing
 
-    def _check_publish(self, array: Any) -> np.ndarray:
+    def _check_publish(self, array: Any, fill: bool = False) -> np.ndarray | None:
         self._live()
         lay = self._lay
         if lay.me != lay.src:
             raise DistError(f"{lay.what()}: only its src, rank {lay.src}, publishes (this "
                             f"is rank {lay.me})")
+        if self._version >= versioned.MAX_VERSION:
+            raise DistError(f"{lay.what()}: no version numbers left")
+        if fill:
+            return None
         a = np.asarray(array)
         if a.shape != lay.shape:
             raise ValueError(f"{lay.what()}: publish got shape {a.shape}, the array has "
@@ -285,8 +290,6 @@ class Shared:
         if a.dtype != lay.dtype:
             raise TypeError(f"{lay.what()}: publish got dtype {a.dtype}, the array has "
                             f"{lay.dtype}")
-        if self._version >= versioned.MAX_VERSION:
-            raise DistError(f"{lay.what()}: no version numbers left")
         return a
 
     def _stale(self, members: list[int]) -> None:
@@ -309,9 +312,14 @@ class Shared:
                 "read() or release()", collective="SharedArray.publish", group=lay.group,
                 missing=held) from None
 
-    def _copy_in(self, b: int, a: np.ndarray) -> int:
-        """Copy ``a`` into claimed buffer ``b`` and make it the next version."""
-        np.copyto(self._buf.raw[b].view(self._lay.dtype).reshape(self._lay.shape), a)
+    def _copy_in(self, b: int, a: np.ndarray | Callable[[np.ndarray], None]) -> int:
+        """Copy ``a`` into claimed buffer ``b`` (or let ``a`` fill it) and make it the
+        next version."""
+        into = self._buf.raw[b].view(self._lay.dtype).reshape(self._lay.shape)
+        if callable(a):
+            a(into)
+        else:
+            np.copyto(into, a)
         self._version += 1
         self._buf.commit(b, self._version)
         return self._version
@@ -391,7 +399,19 @@ class SharedArray(Shared):
         make it the next version; its number (1, 2, ...). Only on ``src``. Readers on
         other nodes get it in the background; the next publish first waits until it
         is on its way to them."""
-        a = self._check_publish(array)
+        return self._publish(self._check_publish(array))
+
+    def publish_with(self, fill: Callable[[np.ndarray], None]) -> int:
+        """Like :meth:`publish`, but ``fill(buffer)`` writes the new version into
+        ``buffer`` (a writable array of this shape and dtype that nobody reads) in
+        place: no array to copy from (``minidist.torch.share_module`` copies each
+        parameter straight in). If ``fill`` raises, no version is made."""
+        if not callable(fill):
+            raise TypeError(f"{self._lay.what()}: publish_with needs a callable")
+        self._check_publish(None, fill=True)
+        return self._publish(fill)
+
+    def _publish(self, a: np.ndarray | Callable[[np.ndarray], None]) -> int:
         self._flush()
         b = self._claim_blocking()
         v = self._copy_in(b, a)

@@ -69,6 +69,7 @@ from ._api import (
     send_object_list,
 )
 from ._backend import ProcessGroupMinidist
+from ._shared import SharedModule, share_module
 from ._work import Work
 
 _backend.register()
@@ -93,6 +94,7 @@ __all__ = [
     "P2POp", "broadcast_object_list", "all_gather_object", "gather_object",
     "scatter_object_list", "send_object_list", "recv_object_list", "DistError",
     "DistTimeoutError", "PeerLostError", "CollectiveMismatchError", "NotInGroupError",
+    "share_module", "SharedModule",
 ]
 
 _rendezvous.install()
