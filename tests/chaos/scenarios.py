@@ -1041,3 +1041,9 @@ def run(scenario: str, seed: object, trial: int, opts: Options | None = None,
     SCENARIOS[scenario](rng, opts or Options(), t)
     t.duration = time.monotonic() - start
     return t
+
+
+# containers' shared memory (they use Job and Trial from here)
+from .shm_scenarios import SHM_SCENARIOS  # noqa: E402
+
+SCENARIOS.update(SHM_SCENARIOS)

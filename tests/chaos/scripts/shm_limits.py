@@ -7,9 +7,11 @@ node). Parameters (JSON, first argument): ``sizes`` (bytes per call, float32), `
 (``"peers"``: this process's reads of other processes fail with EPERM, as under a
 container's seccomp profile for a peer; ``"all"``: every read does, its own start-up probe
 too). Each rank prints one ``RESULT`` line: ``kind=none`` with ``checks`` (calls whose
-every element was checked), ``fast`` (groups with fast slots), ``nofast`` (groups whose
-fast path went over sockets), ``segs`` (groups with a shared-memory algorithm
-segment) and ``reads`` (groups whose ranks read each other's memory), or the error.
+every element was checked), ``groups`` (its groups of two ranks or more), ``fast``
+(groups with fast slots), ``nofast`` (groups whose fast calls went over sockets),
+``nomid`` (groups whose fast segment had no mid area), ``segs``/``noseg`` (groups with /
+without a shared-memory algorithm segment), ``reads`` (groups whose ranks read each
+other's memory) and ``nop2p`` (1 if its inbox or stash could not be had), or the error.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from chaos_common import WrongResult, event, params, result
 
 import minidist
 from minidist import peer_memory
+from minidist.fastpath import MID_RANKS
 
 p = params()
 refuse = p.get("refuse_reads")
@@ -90,11 +93,20 @@ try:
 except BaseException as e:  # noqa: BLE001 - reported, then the script ends
     err = e
 session = minidist.api._door._session if minidist.api._door is not None else None
-fast = nofast = segs = reads = 0
-if session is not None:
-    reads = sum(1 for _mid, r in session._fast_room.values() if r)
-    fast = sum(1 for s in session._fast.values() if s is not None)
-    nofast = sum(1 for s in session._fast.values() if s is None)
-    segs = sum(1 for s in session._segments.values() if s is not None)
-result(rank, err, checks=checks, fast=fast, nofast=nofast, segs=segs, reads=reads)
+out: dict[str, int] = dict.fromkeys(("fast", "nofast", "nomid", "segs", "noseg", "reads",
+                                     "nop2p"), 0)
+if session is not None:  # what this rank's groups had of shared memory
+    size_of = {g.id: g.size for g in (session.world, agents, env_workers, node_workers)
+               if hasattr(g, "id")}
+    for gid, slots in session._fast.items():
+        mid, reads = session._fast_room.get(gid, (False, False))
+        out["fast" if slots is not None else "nofast"] += 1
+        out["nomid"] += slots is not None and size_of.get(gid, 0) <= MID_RANKS and not mid
+        out["reads"] += reads
+    out["segs"] = sum(1 for s in session._segments.values() if s is not None)
+    out["noseg"] = sum(1 for s in session._segments.values() if s is None)
+    out["nop2p"] = int(session.p2p is not None and (session.p2p._no_inbox
+                                                    or session.p2p._no_stash))
+result(rank, err, checks=checks, groups=sum(1 for _, _, m in groups if rank in m
+                                            and len(m) > 1), **out)
 minidist.destroy()
