@@ -44,6 +44,7 @@ from .api import (
     send,
     send_object,
 )
+from .elastic_api import agree, shrink_group, wait_ranks
 from .errors import (
     CollectiveMismatchError,
     DistError,
@@ -79,7 +80,7 @@ __all__ = [
     "send", "recv", "isend", "irecv", "send_object", "recv_object", "isend_object",
     "irecv_object", "probe", "iprobe", "broadcast_object",
     "all_gather_object", "gather_object", "scatter_object", "get_store", "Store", "Group",
-    "GroupMember", "ReduceOp", "Work", "SharedArray",
+    "GroupMember", "ReduceOp", "Work", "shrink_group", "agree", "wait_ranks", "SharedArray",
     "DistError", "DistTimeoutError", "PeerLostError", "CollectiveMismatchError",
     "NotInGroupError", "ProtocolError", "RendezvousError", "__version__",
 ]

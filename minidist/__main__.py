@@ -43,6 +43,10 @@ def _run_parser(sub) -> None:
     p.add_argument("--grace", type=float, default=5.0,
                    help="seconds the other ranks get to report after one fails (default 5)")
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines")
+    p.add_argument("--restart-failed", dest="restart_failed", type=int, default=0,
+                   metavar="N", help="start a rank that died (or raised) again, with the "
+                   "same RANK, up to N times while the others keep running (default 0: "
+                   "a failing rank stops the job)")
     p.add_argument("--start-method", choices=("fork", "spawn"),
                    default=start_method(os.environ),
                    help="fork the ranks from a launcher that has imported numpy and "
@@ -117,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                                   nnodes=a.nnodes, node_rank=a.node_rank,
                                   master_addr=a.master_addr, master_port=a.master_port,
                                   grace=a.grace, prefix=not a.no_prefix,
-                                  env=_run_env(a), log_dir=a.log_dir))
+                                  env=_run_env(a), log_dir=a.log_dir,
+                                  restart_failed=a.restart_failed))
         except (OSError, ValueError) as e:  # a taken port, a bad option: one clear line
             print(f"minidist run: {e}", file=sys.stderr)
             return 1

@@ -345,6 +345,25 @@ async def scatter_object(objs: list[Any] | None, src: int = 0, group: GroupArg =
     return await objects.scatter_object(_d(), objs, src, group)
 
 
+# ---------------------------------------------------------------------- failures
+
+
+async def shrink_group(ranks_to_exclude: list[int] | None = None,
+                       group: GroupArg = None) -> Group:
+    """See :func:`minidist.shrink_group`."""
+    return await _d().shrink_group(ranks_to_exclude, group)
+
+
+async def agree(flag: bool, group: GroupArg = None) -> bool:
+    """See :func:`minidist.agree`."""
+    return await _d().agree(flag, group)
+
+
+async def wait_ranks(ranks: list[int], timeout: float | None = None) -> list[int]:
+    """See :func:`minidist.wait_ranks`."""
+    return await _d().wait_ranks(ranks, timeout)
+
+
 # ---------------------------------------------------------------------- store
 
 

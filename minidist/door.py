@@ -115,9 +115,10 @@ class Door:
         return mine, subgroups
 
     def group_of(self, group: Group | object | None) -> Group:
-        """``group`` as a Group (None: the world); ValueError for a non-member marker."""
+        """``group`` as a Group (None: the default group, the world unless it was shrunk);
+        ValueError for a non-member marker."""
         if group is None:
-            return self.world
+            return self.plan.default
         if group is NON_GROUP_MEMBER:
             raise ValueError("this rank is not a member of the group (NON_GROUP_MEMBER)")
         if not isinstance(group, Group):
@@ -206,6 +207,27 @@ class Door:
             raise DistError("this process uses minidist.aio (initialized on its event loop); "
                             "await minidist.aio's functions instead of the blocking API")
         return self.runtime
+
+    # ------------------------------------------------------------------ failures
+
+    async def shrink_group(self, exclude: list[int] | None,
+                           group: Group | object | None) -> Group:
+        """See :func:`minidist.shrink_group` (on the loop)."""
+        g = self.plan.group(group, "shrink_group")
+        return await self._session.elastic.shrink(g, exclude)
+
+    async def agree(self, flag: bool, group: Group | object | None) -> bool:
+        """See :func:`minidist.agree` (on the loop)."""
+        return await self._session.elastic.agree(flag, self.plan.group(group, "agree"))
+
+    async def wait_ranks(self, ranks: list[int], timeout: float | None) -> list[int]:
+        """See :func:`minidist.wait_ranks` (on the loop)."""
+        return await self._session.elastic.wait_ranks(ranks, timeout)
+
+    @property
+    def incarnation(self) -> int:
+        """How often this rank was restarted (0: its first process)."""
+        return self._session.elastic.incarnation
 
     # ------------------------------------------------------------------ the store
 

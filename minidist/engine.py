@@ -90,6 +90,9 @@ class Engine:
         self.entered: dict[int, int] = defaultdict(int)
         self.lost: dict[int, str] = {}  # ranks that died -> why
         self.left: dict[int, str] = {}  # ranks that left normally -> how
+        # ranks whose earlier process died and that were started again (minidist.elastic)
+        self.died: dict[int, str] = {}  # -> why the last earlier process ended
+        self.incarnation_of: dict[int, int] = {}  # -> the current process's incarnation
         self.rendezvous_lost: str | None = None
         self.rendezvous_host: int | None = None  # the rank whose process hosts it, if one
         self.broken: dict[int, DistError] = {}  # group id -> the failure that broke it
@@ -210,6 +213,27 @@ class Engine:
         for a in list(self._active):
             if a.call is None and a.peer < 0:
                 self._check_anyone(a)
+
+    def peer_back(self, rank: int, incarnation: int) -> None:
+        """``rank`` died and is back as a new process, its ``incarnation`` (the
+        rendezvous admitted it again): it may be talked to again; messages to and from it
+        are numbered afresh. Groups made before, with its earlier process, stay refused
+        (see :meth:`stale`)."""
+        self.died[rank] = self.lost.get(rank) or self.left.get(rank) or "it died"
+        self.incarnation_of[rank] = incarnation
+        self.lost.pop(rank, None)
+        self.left.pop(rank, None)
+        self._news.pop(rank, None)
+        self.mailbox.revive(rank)
+        for key in [k for k in self._p2p_seq if k[1] == rank]:
+            del self._p2p_seq[key]
+
+    def stale(self, g: Group) -> list[int]:
+        """The members of ``g`` whose process, the one ``g`` was made with, died (they
+        were restarted since: ``g`` can never run again)."""
+        incs = g.incarnations
+        return [r for i, r in enumerate(g.ranks) if r in self.died
+                and (incs[i] if incs else 0) != self.incarnation_of.get(r, 0)]
 
     def _rendezvous_gone(self, reason: str) -> None:
         if self.rendezvous_lost is not None:
@@ -366,6 +390,14 @@ class Engine:
                 return PeerLostError(
                     f"{call.name} on {g!r}: rank(s) {lost} died earlier "
                     f"({self.lost[lost[0]]})", ranks=lost, collective=call.name, group=g)
+        if self.died:
+            stale = self.stale(g)
+            if stale:
+                return PeerLostError(
+                    f"{call.name} on {g!r}: rank(s) {stale} died earlier "
+                    f"({self.died[stale[0]]}); the group was made with the process that "
+                    "died (make a new group with the restarted rank)", ranks=stale,
+                    collective=call.name, group=g)
         return None
 
     # ------------------------------------------------------------------ point-to-point

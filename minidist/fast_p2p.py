@@ -380,6 +380,18 @@ class FastP2P:
                     if h is not None:
                         self._aside(h, rec[1], None)
 
+    def forget(self, rank: int) -> None:
+        """On the loop: ``rank`` is back as a new process. Messages with it go through
+        sockets from now on; what its earlier process left in this rank's rings goes to
+        the mailbox (which drops it, see :meth:`Mailbox.revive`)."""
+        with self._send_lock:
+            out = self._outboxes.pop(rank, None)
+            if out is not None:
+                out.close()
+            self._retry.pop(rank, None)
+        self.drain_on_loop()
+        self.ring_of.pop(rank, None)
+
     def _doorbell(self, src: int) -> None:
         self.drain_on_loop()
 

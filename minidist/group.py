@@ -23,6 +23,10 @@ class Group:
     #: seconds every call on this group may take (None: the job's timeout)
     timeout: float | None = field(default=None, compare=False)
     _index: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
+    #: the epoch a shrink gave this group (0: not made by shrink_group)
+    epoch: int = field(default=0, compare=False)
+    #: how often each member had been restarted when the group was made (empty: never)
+    incarnations: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._index.update(zip(self.ranks, range(len(self.ranks))))
@@ -51,9 +55,25 @@ class Group:
 WORLD_ID = 0
 
 
-def group_id(ranks: tuple[int, ...], ordinal: int) -> int:
-    """The id of the ``ordinal``-th group created with exactly these ranks (never 0)."""
-    h = hashlib.blake2b(struct.pack(f"<q{len(ranks)}q", ordinal, *ranks), digest_size=8)
+def group_id(ranks: tuple[int, ...], ordinal: int,
+             incarnations: tuple[int, ...] = ()) -> int:
+    """The id of the ``ordinal``-th group created with exactly these ranks (never 0).
+    ``incarnations``: how often each member was restarted (see :func:`minidist.wait_ranks`);
+    all zeros (or empty) give the id a job without restarts has always given."""
+    if any(incarnations):
+        packed = struct.pack(f"<4sq{len(ranks)}q{len(ranks)}q", b"inc:", ordinal, *ranks,
+                             *incarnations)
+    else:
+        packed = struct.pack(f"<q{len(ranks)}q", ordinal, *ranks)
+    h = hashlib.blake2b(packed, digest_size=8)
+    return int.from_bytes(h.digest(), "little") | 1
+
+
+def shrunk_group_id(ranks: tuple[int, ...], epoch: int) -> int:
+    """The id of the group that a shrink numbered ``epoch`` (handed out once by the
+    rendezvous) made of ``ranks``: never the id of a group made any other way."""
+    h = hashlib.blake2b(struct.pack(f"<6sq{len(ranks)}q", b"shrink", epoch, *ranks),
+                        digest_size=8)
     return int.from_bytes(h.digest(), "little") | 1
 
 

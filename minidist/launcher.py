@@ -30,7 +30,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from . import segments, tracing
+from . import restarts, segments, tracing
 from .env import default_timeout, given_secret, trace_dir
 from .rendezvous.agent import NodeAgent
 from .rendezvous.server import RendezvousServer, bind_listeners
@@ -63,6 +63,7 @@ class RunOptions:
     log_dir: str | None = None  # also write each rank's output to <log_dir>/rank<k>.log
     start_method: str = "fork"
     env: dict[str, str] = field(default_factory=dict)
+    restart_failed: int = 0  # times a rank that died (or raised) is started again
 
 
 @dataclass
@@ -99,6 +100,7 @@ class Launcher:
         self.port = opts.master_port
         self._listeners: list[socket.socket] = []
         self._stopping = False
+        self._restarts: dict[int, int] = {}  # rank -> times started again (--restart-failed)
         self._out = sys.stdout.buffer
         self._err = sys.stderr.buffer
 
@@ -277,6 +279,8 @@ class Launcher:
         rc = await self._wait_child(c)
         if server is not None and not self._killing:
             server.rank_exited(c.rank, rc)
+        if rc != 0 and await self._restarted(c, rc, server):
+            return
         if rc == 0 or self._killing:
             return
         self._failures.append((c.rank, rc))
@@ -288,6 +292,40 @@ class Launcher:
             self._note(f"rank {c.rank} exited with code {rc}; stopping the job "
                        f"(the other ranks get {self.opts.grace:g} s to report)")
             asyncio.get_running_loop().create_task(self._teardown(self.opts.grace))
+
+    async def _restarted(self, c: _Child, rc: int, server: RendezvousServer | None) -> bool:
+        """With --restart-failed N: start the rank that exited with ``rc`` again (same
+        RANK, MINIDIST_RESTART_COUNT set) unless the job is stopping or the rank's N
+        restarts are used; True once the new process has been watched to its end."""
+        o = self.opts
+        count = self._restarts.get(c.rank, 0) + 1
+        if self._stopping or self._killing or count > o.restart_failed:
+            return False
+        self._restarts[c.rank] = count
+        self._note(f"rank {c.rank} exited with code {rc}; starting it again "
+                   f"({count} of {o.restart_failed})")
+        local = c.rank - o.node_rank * o.nproc
+        env = {**self._child_env(local), **restarts.restart_env(count)}
+        if o.start_method == "fork":
+            c.pid, c.out_fd, c.err_fd = restarts.refork(
+                os.getpid(), die_with, lambda: _run_target(o, env))
+            c.popen = None
+        else:
+            cmd = o.command or [sys.executable, "-u", *(["-m"] if o.module else []),
+                                o.target, *o.args]
+            launcher = os.getpid()
+            c.popen = subprocess.Popen(cmd, env={**os.environ, **env},
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, start_new_session=True,
+                                       preexec_fn=lambda: die_with(launcher))
+            c.pid, c.out_fd, c.err_fd = c.popen.pid, c.popen.stdout.fileno(), \
+                c.popen.stderr.fileno()
+        c.returncode, c.exited = None, None
+        pumps = [asyncio.ensure_future(self._pump(c.rank, fd, out))
+                 for fd, out in ((c.out_fd, self._out), (c.err_fd, self._err))]
+        await self._watch(c, server)
+        await asyncio.gather(*pumps, return_exceptions=True)
+        return True
 
     async def _teardown(self, grace: float) -> None:
         self._stopping = True

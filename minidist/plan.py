@@ -125,6 +125,10 @@ class Planner:
                  shm_enabled: bool, costs: object, forced: dict[str, str]) -> None:
         self.rank = rank
         self.world = Group(WORLD_ID, tuple(range(world_size)), "world")
+        # what collectives with group=None run on: the world, or what shrinking it left
+        # (messages with group=None keep the world: any two ranks may talk)
+        self.default = self.world
+        self.incarnations = [0] * world_size  # restarts of each rank (minidist.elastic)
         self.nodes: list[int] = [0] * world_size
         self._one_node = True
         self._number = number
@@ -170,16 +174,21 @@ class Planner:
         """See :func:`minidist.new_group`."""
         timeout = _timeout(timeout)
         members = _members(ranks, self.world.size)
-        ordinal = self._group_counts.get(members, 0)
-        self._group_counts[members] = ordinal + 1
+        incs = tuple(self.incarnations[r] for r in members)
+        # numbered per incarnation of the members: a restarted rank and the ranks that
+        # stayed make the same group whatever groups each made before
+        counted = (members, incs) if any(incs) else members
+        ordinal = self._group_counts.get(counted, 0)
+        self._group_counts[counted] = ordinal + 1
         if self.rank not in members:
             return NON_GROUP_MEMBER
-        return Group(group_id(members, ordinal), members, timeout=timeout)
+        return Group(group_id(members, ordinal, incs), members, timeout=timeout,
+                     incarnations=incs if any(incs) else ())
 
     def group(self, group: Group | object | None, what: str) -> Group:
         """The group a call runs on; NotInGroupError if this rank is not a member."""
         if group is None:
-            return self.world
+            return self.world if what in ("send", "recv", "probe") else self.default
         if group is NON_GROUP_MEMBER:
             raise NotInGroupError(f"{what}: rank {self.rank} is not a member of this group")
         if not isinstance(group, Group):

@@ -32,6 +32,7 @@ from . import (
 )
 from .algorithms import shm as shm_algorithm
 from .algorithms.schedule import Schedule
+from .elastic import Elastic
 from .engine import Engine
 from .env import LaunchConfig
 from .errors import DistError, DistTimeoutError, PeerLostError, RendezvousError
@@ -65,7 +66,7 @@ class _FastHooks:
 
     def anyone_gone(self) -> bool:
         engine = self.session.engine
-        return bool(engine.lost or engine.left)
+        return bool(engine.lost or engine.left or engine.died)
 
     def stalled(self, call) -> None:
         self.loop.call_soon_threadsafe(self.session.engine._report_stall, call)
@@ -98,6 +99,7 @@ class Session:
             segments.available() and env.shared_memory_allowed(os.environ),
             calibrate.load(), forced)
         self.world = self.plan.world
+        self.elastic = Elastic(self)  # shrink, agree, restarted ranks
         if fastpath.available() and segments.available() and env.fast_path_allowed(
                 os.environ) and env.shared_memory_allowed(os.environ):
             self.plan.fast = True
@@ -143,6 +145,7 @@ class Session:
                                  self.mailbox, engine.connection_lost,
                                  connect_timeout=self.timeout)
         engine.attach(self.endpoint, self.client)
+        self.client.on_back = self.elastic.rank_back
         await self.endpoint.start()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
@@ -162,6 +165,7 @@ class Session:
                 await self.client.close(graceful=False)
                 await asyncio.sleep(0.05)
         self.plan.set_nodes(welcome["nodes"], welcome.get("reads"))
+        self.elastic.welcome(welcome)
         nodes = self.plan.nodes
         agents = welcome.get("agents") or []
         me = nodes[cfg.rank]
@@ -169,8 +173,8 @@ class Session:
             if node != me and node < len(agents) and agents[node] is not None:
                 host, port = agents[node]
                 self.endpoint.remote[r] = (host or cfg.master_addr, port)
-        if self.plan.fast and nodes.count(me) > 1:
-            self.p2p = FastP2P(self)
+        if self.plan.fast and nodes.count(me) > 1 and not self.elastic.incarnation:
+            self.p2p = FastP2P(self)  # (a restarted rank's messages go through sockets)
 
     def _read_key(self) -> str | None:
         """What a peer must share with this rank to read its vectors (None: no peer
@@ -467,6 +471,8 @@ class Session:
         if rank in e.left:
             return PeerLostError(f"rank {rank} left the job ({e.left[rank]})", ranks=[rank],
                                  left=True)
+        if rank in e.died and rank in e.stale(g):  # restarted: not the process g was made with
+            return PeerLostError(f"rank {rank} died ({e.died[rank]})", ranks=[rank])
         return None
 
     def fast_blocking(self, p: Prepared, runtime) -> None:

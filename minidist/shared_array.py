@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import hashlib
 import math
 import os
@@ -37,13 +38,16 @@ from typing import Any
 
 import numpy as np
 
-from . import objects, segments, versioned
+from . import fastpath, objects, segments, versioned
 from .door import Door
 from .errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError
 from .group import Group
 from .plan import P2P_TAG_LIMIT
 
 TAG_BASE = P2P_TAG_LIMIT + (1 << 24)  # internal tags of the shared arrays' versions
+# a node leader's receive of the next version may wait as long as the learner takes to
+# publish it: its messages go on the group with this timeout (a lost src still ends it)
+RELAY_TIMEOUT = 10 * 365 * 86400.0
 DEFAULT_BUFFERS = 3
 _open: set[tuple[int, int, str]] = set()  # (door, group, name) of this process's arrays
 
@@ -70,6 +74,7 @@ class Layout:
         digest = hashlib.blake2b(f"{g.id}:{name}".encode(), digest_size=8).digest()
         self.key = int.from_bytes(digest, "little")
         self.tag = TAG_BASE + (self.key & 0xFFFFFF)
+        self.relay_group = dataclasses.replace(g, timeout=RELAY_TIMEOUT)  # the same id
 
     def what(self) -> str:
         return f"SharedArray {self.name!r}"
@@ -89,6 +94,9 @@ def _describe(sig: tuple) -> str:
 def _check_args(d: Door, name: str, shape: Any, dtype: Any, src: int, group: Any,
                 buffers: int) -> tuple[Group, tuple[int, ...], np.dtype]:
     g = d.group_of(group)
+    if not (fastpath.available() and segments.available()):
+        raise DistError("SharedArray needs Linux on x86-64 with /dev/shm (futexes and "
+                        "x86 memory ordering)")
     if not isinstance(name, str) or not name:
         raise ValueError(f"SharedArray: name must be a non-empty str, not {name!r}")
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -326,8 +334,8 @@ class Shared:
 
     def _sends(self, b: int) -> list:
         d, lay = self._door, self._lay
-        return [d.plan.prepare_send(self._buf.raw[b], r, lay.tag, lay.group, internal=True)
-                for r in lay.leaders]
+        return [d.plan.prepare_send(self._buf.raw[b], r, lay.tag, lay.relay_group,
+                                    internal=True) for r in lay.leaders]
 
     # ------------------------------------------------------------------ the relay
 
@@ -350,8 +358,8 @@ class Shared:
                     await asyncio.sleep(pause)
                     pause = min(2 * pause, 0.01)
                     b = buf.try_claim()
-                await d.on_loop(d.plan.prepare_recv(buf.raw[b], lay.src, lay.tag, lay.group,
-                                                    internal=True))
+                await d.on_loop(d.plan.prepare_recv(buf.raw[b], lay.src, lay.tag,
+                                                    lay.relay_group, internal=True))
                 n += 1
                 buf.commit(b, n)
         except DistError as e:
@@ -421,9 +429,8 @@ class SharedArray(Shared):
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
-        t = self._door.timeout_of(self._lay.group) + 5
-        for f in pending:
-            f.result(t)
+        for f in pending:  # ends with the send, or with the loss of its node's leader
+            f.result()
 
     def wait(self, version: int, timeout: float | None = None) -> int:
         """Sleep (no CPU) until version ``version`` or a later one exists on this node;

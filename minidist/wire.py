@@ -34,8 +34,8 @@ VERSION = 2
 # --------------------------------------------------------------------------- handshake
 
 _CHALLENGE = struct.Struct("<4sBB2x16s")  # magic, version, acceptor role, nonce
-# magic, version, connector role, src, dst, connector's nonce, mac
-_HELLO = struct.Struct("<4sBBxxii16s32s")
+# magic, version, connector role, src's incarnation, src, dst, connector's nonce, mac
+_HELLO = struct.Struct("<4sBBHii16s32s")
 _ACK = struct.Struct("<4sBBxx32s")  # magic, version, status, mac
 CHALLENGE_SIZE = _CHALLENGE.size
 HELLO_SIZE = _HELLO.size
@@ -75,10 +75,12 @@ def decode_challenge(data: bytes) -> tuple[Role, bytes]:
 
 
 def hello_mac(secret: bytes, nonce: bytes, answer: bytes, role: Role, src: int,
-              dst: int) -> bytes:
+              dst: int, incarnation: int = 0) -> bytes:
     """The connector's proof: HMAC-SHA256(secret, "hello" || acceptor's nonce ||
-    connector's nonce || role || src || dst)."""
+    connector's nonce || role || src || dst [|| incarnation, when not 0])."""
     msg = b"hello" + nonce + answer + struct.pack("<Bii", role, src, dst)
+    if incarnation:
+        msg += struct.pack("<H", incarnation)
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
@@ -91,13 +93,15 @@ def ack_mac(secret: bytes, nonce: bytes, answer: bytes, status: AckStatus) -> by
 
 
 def encode_hello(secret: bytes, nonce: bytes, role: Role, src: int, dst: int,
-                 answer: bytes) -> bytes:
-    """The connector's answer to a challenge: who it is, whom it wants, its own 16-byte
-    nonce ``answer`` (which the acceptor's ack must prove it saw) and the proof."""
+                 answer: bytes, incarnation: int = 0) -> bytes:
+    """The connector's answer to a challenge: who it is (``incarnation``: how often its
+    rank was restarted, mod 65536), whom it wants, its own 16-byte nonce ``answer``
+    (which the acceptor's ack must prove it saw) and the proof."""
     if len(answer) != 16:
         raise ValueError("nonce must be 16 bytes")
-    return _HELLO.pack(_HS_MAGIC, VERSION, role, src, dst, answer,
-                       hello_mac(secret, nonce, answer, role, src, dst))
+    incarnation &= 0xFFFF
+    return _HELLO.pack(_HS_MAGIC, VERSION, role, incarnation, src, dst, answer,
+                       hello_mac(secret, nonce, answer, role, src, dst, incarnation))
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,19 +111,21 @@ class Hello:
     dst: int
     nonce: bytes  # the connector's nonce
     mac: bytes
+    incarnation: int = 0  # how often the connector's rank was restarted (mod 65536)
 
     def verify(self, secret: bytes, nonce: bytes) -> bool:
         """True if the hello proves knowledge of ``secret`` for this challenge nonce."""
-        good = hello_mac(secret, nonce, self.nonce, self.role, self.src, self.dst)
+        good = hello_mac(secret, nonce, self.nonce, self.role, self.src, self.dst,
+                         self.incarnation)
         return hmac.compare_digest(good, self.mac)
 
 
 def decode_hello(data: bytes) -> Hello:
     """Parse a hello; ProtocolError if the bytes are not one (nothing is trusted yet)."""
-    magic, version, role, src, dst, answer, mac = _unpack(_HELLO, data, "hello")
+    magic, version, role, inc, src, dst, answer, mac = _unpack(_HELLO, data, "hello")
     _check(magic == _HS_MAGIC, "bad handshake magic")
     _check(version == VERSION, f"protocol version {version}, expected {VERSION}")
-    return Hello(_role(role), src, dst, answer, mac)
+    return Hello(_role(role), src, dst, answer, mac, inc)
 
 
 def encode_ack(status: AckStatus, secret: bytes | None = None, nonce: bytes = b"",

@@ -44,6 +44,8 @@ class RendezvousClient:
         self.on_left = on_left
         self.on_abort = on_abort
         self.on_query = on_query
+        # a rank that died is back as a new process: on_back(rank, incarnation)
+        self.on_back: Callable[[int, int], None] = lambda rank, incarnation: None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, asyncio.Future] = {}
@@ -214,6 +216,8 @@ class RendezvousClient:
             self.on_lost(b["rank"], b.get("reason", ""))
         elif t == "left":
             self.on_left(list(b["ranks"]))
+        elif t == "back":
+            self.on_back(int(b["rank"]), int(b["incarnation"]))
         elif t == "abort":
             self.on_abort(b)
         elif t == "query":

@@ -21,6 +21,7 @@ from .. import wire
 from ..errors import ProtocolError
 from ..transport import addresses
 from ..transport.acceptor import Acceptor
+from .agreement import Agreements
 from .client import node_identity
 from .control import read_control, write_control
 from .store import KeyValueStore
@@ -149,6 +150,10 @@ class RendezvousServer(Acceptor):
         self._departing: list[int] = []
         self._departures: asyncio.TimerHandle | None = None
         self.node = node_identity()
+        # ranks restarted after they died: how often (absent: never); see _readmit
+        self.incarnations: dict[int, int] = {}
+        self._welcome_body: dict[str, Any] | None = None
+        self.agreements = Agreements(self._alive_incarnation)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -209,6 +214,13 @@ class RendezvousServer(Acceptor):
                         f"the job ({reason})", "lost": [rank]})
             return
         self._send_all({"t": "lost", "rank": rank, "reason": reason}, skip=rank)
+        self.agreements.gone(rank)
+
+    def _alive_incarnation(self, rank: int) -> int | None:
+        """The incarnation of ``rank`` that is alive now, or None."""
+        if rank in self.lost or rank in self.left or rank not in self._clients:
+            return None
+        return self.incarnations.get(rank, 0)
 
     def rank_exited(self, rank: int, code: int) -> None:
         """A launcher saw the process of ``rank`` exit with ``code``."""
@@ -236,6 +248,7 @@ class RendezvousServer(Acceptor):
         self.left.add(rank)
         log.debug("rank %d left", rank)
         self._departing.append(rank)
+        self.agreements.gone(rank)
         if self._departures is None and not self._closed:
             self._departures = asyncio.get_running_loop().call_later(
                 DEPARTURES_EVERY, self._flush_departures)
@@ -379,6 +392,8 @@ class RendezvousServer(Acceptor):
                 fut.set_result(b.get("entered"))
         elif t == "bye":
             c.said_bye = True
+        elif t == "agree":
+            self.agreements.ask(c, c.rank, b)
         else:
             raise ProtocolError(f"unknown control message {t!r}")
 
@@ -420,6 +435,8 @@ class RendezvousServer(Acceptor):
             self._next.append((c, rank, b))
             self._maybe_next_generation()
             return
+        if self._welcomed and rank in self.lost and rank not in self.left:
+            return self._readmit(c, rank, b)
         if rank in self._clients or rank in self.lost or rank in self.left:
             return refuse(f"rank {rank} is already taken by another process (pid "
                           f"{self._clients[rank].pid if rank in self._clients else '?'})")
@@ -450,6 +467,8 @@ class RendezvousServer(Acceptor):
         body = {"t": "welcome", "world_size": self.world_size, "nodes": nodes,
                 "agents": agents,
                 "reads": [self._clients[r].reads for r in range(self.world_size)]}
+        self._welcome_body = dict(body, node_names=[self._clients[r].node
+                                                    for r in range(self.world_size)])
         raw = wire.encode_control(body)  # the same bytes for every rank: encoded once
         for c in self._clients.values():
             if c.channel.cid is None:
@@ -457,6 +476,35 @@ class RendezvousServer(Acceptor):
                     c.channel.writer.write(raw)
             else:
                 c.send(body)
+
+    def _readmit(self, c: _Client, rank: int, b: dict[str, Any]) -> None:
+        """A new process for ``rank``, which died after the job started (a restart):
+        admitted as the rank's next incarnation. The others hear of it first, then it
+        gets its welcome, with the incarnations and the ranks gone so far."""
+        body = dict(self._welcome_body or {})
+        node = str(b.get("node", ""))
+        if body.get("node_names", [node] * (rank + 1))[rank] != node:
+            c.send({"t": "error", "msg": f"rank {rank} restarted on another node than its "
+                    "first process; a restarted rank must run on the same node"})
+            return
+        inc = self.incarnations[rank] = self.incarnations.get(rank, 0) + 1
+        del self.lost[rank]
+        c.rank, c.node, c.pid, c.registered = rank, node, b.get("pid", 0), True
+        reads = b.get("reads")
+        c.reads = reads if isinstance(reads, str) else None
+        old = self._clients.get(rank)
+        if old is not None:  # its earlier process' connection has not closed yet
+            old.registered = False
+        self._clients[rank] = c
+        log.info("rank %d is back (incarnation %d, pid %s)", rank, inc, c.pid)
+        self._send_all({"t": "back", "rank": rank, "incarnation": inc}, skip=rank)
+        body.pop("node_names", None)
+        body["reads"] = list(body.get("reads") or [None] * self.world_size)
+        body["reads"][rank] = c.reads
+        body.update(incarnations=[self.incarnations.get(r, 0) for r in range(self.world_size)],
+                    lost={str(r): why for r, why in self.lost.items()},
+                    left=sorted(self.left))
+        c.send(body)
 
     def _maybe_next_generation(self) -> None:
         if not self._next or self._clients:

@@ -42,9 +42,10 @@ class Connection:
     frame, from its first byte to its last.
     """
 
-    def __init__(self, sock: socket.socket, peer: int) -> None:
+    def __init__(self, sock: socket.socket, peer: int, incarnation: int = 0) -> None:
         self.sock = sock
         self.peer = peer
+        self.incarnation = incarnation  # of the peer's rank (restarts, mod 65536)
         self.lock = asyncio.Lock()
         self.reader: FrameReader | None = None
         self.unix = sock.family == socket.AF_UNIX
@@ -165,6 +166,11 @@ class Endpoint:
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
         self._gone: dict[int, Exception] = {}  # ranks never to be connected to again
+        # how often each rank was restarted (absent: never), as the rendezvous told us; a
+        # connection from another incarnation than the current one is refused
+        self.incarnation = 0  # this rank's own
+        self.incarnations: dict[int, int] = {}
+        self._revived: dict[int, asyncio.Event] = {}
         # global rank -> (host, port) of its node's agent, for ranks on other nodes
         self.remote: dict[int, tuple[str, int]] = {}
 
@@ -207,6 +213,37 @@ class Endpoint:
         pending = self._connecting.get(rank)
         if pending is not None:
             pending.cancel()
+
+    def revive(self, rank: int, incarnation: int) -> None:
+        """``rank`` is back as a new incarnation (a restarted process): it may be
+        connected to again; connections of its earlier incarnations are dropped without
+        a word to anyone."""
+        self.incarnations[rank] = incarnation & 0xFFFF
+        self._gone.pop(rank, None)
+        for c in [c for c in self._all if c.peer == rank and c.incarnation != incarnation]:
+            c.close()
+            self._all.discard(c)
+            if self._chosen.get(rank) is c:
+                del self._chosen[rank]
+        ev = self._revived.pop(rank, None)
+        if ev is not None:
+            ev.set()
+
+    async def _current(self, hello: wire.Hello) -> bool:
+        """Whether a connection from ``hello``'s incarnation of its rank is to be taken:
+        an earlier one never; a later one once the rendezvous' news of it has come."""
+        known = self.incarnations.get(hello.src, 0)
+        if hello.incarnation == known:
+            return True
+        if (hello.incarnation - known) & 0xFFFF >= 0x8000:  # an earlier incarnation
+            return False
+        ev = self._revived.setdefault(hello.src, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                while self.incarnations.get(hello.src, 0) != hello.incarnation:
+                    await ev.wait()
+                    ev = self._revived.setdefault(hello.src, asyncio.Event())
+        return self.incarnations.get(hello.src, 0) == hello.incarnation
 
     def has_connection(self, rank: int) -> bool:
         """True while some connection with ``rank`` (either side's) is open."""
@@ -270,10 +307,14 @@ class Endpoint:
             handshake_failures.note(log, f"rank {self.rank}", e)
             sock.close()
             return
+        if hello.incarnation != self.incarnations.get(hello.src, 0) and \
+                not await self._current(hello):  # an incarnation of the rank that is gone
+            sock.close()
+            return
         if hello.src in self._gone:  # a rank declared gone is never talked to again
             sock.close()
             return
-        self._register(Connection(sock, hello.src))
+        self._register(Connection(sock, hello.src, hello.incarnation))
 
     def _register(self, conn: Connection) -> None:
         self._all.add(conn)
@@ -323,7 +364,7 @@ class Endpoint:
                     try:
                         await loop.sock_connect(sock, addr)
                         await connect_handshake(sock, self.secret, wire.Role.PEER, self.rank,
-                                                dst, HANDSHAKE_TIMEOUT)
+                                                dst, HANDSHAKE_TIMEOUT, self.incarnation)
                     except (OSError, PeerClosed, ProtocolError) as e:
                         sock.close()
                         last = e
@@ -336,7 +377,7 @@ class Endpoint:
                         await asyncio.sleep(delay)
                         delay = min(delay * 2, 0.2)
                         continue
-                    conn = Connection(sock, dst)
+                    conn = Connection(sock, dst, self.incarnations.get(dst, 0))
                     self._register(conn)
                     return self._chosen[dst]
         except RendezvousError as e:  # its node's agent could not hand us over
@@ -348,6 +389,8 @@ class Endpoint:
 
     def _lost(self, conn: Connection, reason: str) -> None:
         conn.close()
+        if conn not in self._all:  # dropped already (an earlier incarnation's)
+            return
         self._all.discard(conn)
         if self._chosen.get(conn.peer) is conn:
             del self._chosen[conn.peer]

@@ -29,7 +29,7 @@ async def hand_over(sock: socket.socket, hello: wire.Hello, nonce: bytes, job: s
         async with asyncio.timeout(timeout):
             await loop.sock_connect(unix, addresses.peer_address(job, hello.dst))
             await connect_handshake(unix, secret, wire.Role.AGENT, hello.src, hello.dst,
-                                    timeout)
+                                    timeout, hello.incarnation)
             await send_fd(unix, sock.fileno(), nonce + hello.nonce)
     except (OSError, TimeoutError, ProtocolError, RendezvousError) as e:
         with contextlib.suppress(OSError):

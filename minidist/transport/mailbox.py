@@ -251,6 +251,13 @@ class Mailbox:
     def is_dead(self, src: int) -> Exception | None:
         return self._dead.get(src)
 
+    def revive(self, src: int) -> None:
+        """``src`` is back as a new process: receives from it may wait again, and what
+        its earlier incarnation sent and nobody took is forgotten."""
+        self._dead.pop(src, None)
+        for key in [k for k in self._early if k[0] == src]:
+            del self._early[key]
+
     @staticmethod
     def _deliver(p: Posted, header: Header, payload: bytearray) -> None:
         if p.future.done():  # abandoned meanwhile

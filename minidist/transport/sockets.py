@@ -177,7 +177,7 @@ async def recv_fd(sock: socket.socket, nbytes: int) -> tuple[int, bytes]:
 
 
 async def connect_handshake(sock: socket.socket, secret: bytes, role: wire.Role, src: int,
-                            dst: int, timeout: float) -> None:
+                            dst: int, timeout: float, incarnation: int = 0) -> None:
     """Run the connector's side of the handshake on a connected socket. RendezvousError
     if the acceptor refuses; ProtocolError if it does not prove it knows the secret (or,
     on a Unix socket, runs as another user): nothing has been sent to it but the hello."""
@@ -185,7 +185,8 @@ async def connect_handshake(sock: socket.socket, secret: bytes, role: wire.Role,
     answer = os.urandom(16)
     async with asyncio.timeout(timeout):
         _, nonce = wire.decode_challenge(await recv_exactly(sock, wire.CHALLENGE_SIZE))
-        await send_all(sock, [wire.encode_hello(secret, nonce, role, src, dst, answer)])
+        await send_all(sock, [wire.encode_hello(secret, nonce, role, src, dst, answer,
+                                                     incarnation)])
         status = wire.decode_ack(await recv_exactly(sock, wire.ACK_SIZE), secret, nonce,
                                  answer)
     if status != wire.AckStatus.OK:

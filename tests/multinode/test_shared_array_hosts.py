@@ -40,7 +40,8 @@ def received(hosts: Hosts, i: int) -> int:
 def test_each_version_crosses_the_network_once_per_host(hosts, tmp_path):
     per_host, versions, mib = 16, 4, 4
     gate = tmp_path / "gate"
-    env = clean_env(MINIDIST_TEST_GATE=str(gate))
+    # the first version comes after more than the job's timeout (3 s)
+    env = clean_env(MINIDIST_TEST_GATE=str(gate), JOB_TIMEOUT="3", FIRST_AFTER="4")
     procs = launch(hosts, per_host, SCRIPTS / "shared_array_job.py", "hosts",
                    str(versions), str(mib), env=env)
     try:

@@ -13,7 +13,7 @@ import numpy as np
 import minidist
 
 mode = sys.argv[1]
-minidist.init(timeout=30)
+minidist.init(timeout=float(os.environ.get("JOB_TIMEOUT", "30")))
 rank, n = minidist.get_rank(), minidist.get_world_size()
 print(f"JOB {minidist.api.door().job}", flush=True)
 
@@ -158,6 +158,8 @@ def hosts(versions: int, mib: float) -> None:
         end = time.monotonic() + 60
         while not os.path.exists(gate) and time.monotonic() < end:
             time.sleep(0.02)
+    if rank == 0:  # longer than the job's timeout: a leader's receive must outwait it
+        time.sleep(float(os.environ.get("FIRST_AFTER", "0")))
     for k in range(1, versions + 1):
         if rank == 0:
             shared.publish(np.full(count, k, np.int64))
