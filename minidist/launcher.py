@@ -28,9 +28,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 
-from . import restarts, segments, tracing
+from . import fdlimits, restarts, segments, tracing
 from .env import default_timeout, given_secret, trace_dir
 from .rendezvous.agent import NodeAgent
 from .rendezvous.server import RendezvousServer, bind_listeners
@@ -74,6 +76,7 @@ class _Child:
     err_fd: int
     popen: subprocess.Popen | None = None
     returncode: int | None = None
+    exited: asyncio.Future | None = None  # done with the exit code (on the launcher's loop)
 
 
 class Launcher:
@@ -100,6 +103,7 @@ class Launcher:
         self.port = opts.master_port
         self._listeners: list[socket.socket] = []
         self._stopping = False
+        self._reaped_all = False  # the job has ended: the reaper thread stops
         self._restarts: dict[int, int] = {}  # rank -> times started again (--restart-failed)
         self._out = sys.stdout.buffer
         self._err = sys.stderr.buffer
@@ -131,8 +135,14 @@ class Launcher:
         }
 
     def start_ranks(self) -> None:
-        """Bind the node's port and start every local rank (before any event loop)."""
+        """Bind the node's port and start every local rank (before any event loop).
+        FileLimitError, before anything starts, when even the hard RLIMIT_NOFILE is too
+        low for the ranks (the soft limit is raised to it first; the ranks inherit it)."""
         o = self.opts
+        short = fdlimits.too_low(fdlimits.launcher_needs(o.nproc, bool(o.log_dir)),
+                                 f"minidist run -n {o.nproc}")
+        if short is not None:
+            raise short
         if o.nnodes > 1 and not o.master_port:
             raise ValueError("a job of several nodes needs --master-port (or MINIDIST_PORT): "
                              "the rendezvous' port on the first node, and every other "
@@ -208,17 +218,22 @@ class Launcher:
             if self.opts.node_rank == 0:
                 server = RendezvousServer(self.secret.encode(), self.world_size,
                                           generations=True)
+                server.on_exhausted = self._out_of_files
                 await server.start(self._listeners)
             else:
                 agent = NodeAgent(self.secret.encode(), self.opts.master_addr,
                                   self.opts.master_port)
+                agent.on_exhausted = self._out_of_files
                 await agent.start(self._listeners, timeout=AGENT_CONNECT_TIMEOUT)
+            threading.Thread(target=self._reap, args=(loop,), name="minidist-reaper",
+                             daemon=True).start()
             async with asyncio.TaskGroup() as tg:
                 for c in self.children:
                     tg.create_task(self._pump(c.rank, c.out_fd, self._out))
                     tg.create_task(self._pump(c.rank, c.err_fd, self._err))
                     tg.create_task(self._watch(c, server))
         finally:
+            self._reaped_all = True
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             self._kill_all(signal.SIGKILL)
@@ -250,30 +265,40 @@ class Launcher:
             self._note(f"could not merge the trace in {directory}: {e}")
 
     async def _wait_child(self, c: _Child) -> int:
-        loop = asyncio.get_running_loop()
-        try:
-            pidfd = os.pidfd_open(c.pid)
-        except (AttributeError, OSError):
-            pidfd = None
-        if pidfd is not None:
-            ready = loop.create_future()
-            loop.add_reader(pidfd, lambda: ready.done() or ready.set_result(None))
+        """The rank's exit code once it has exited (collected by :meth:`_reap`: no
+        descriptor per rank)."""
+        if c.returncode is None:
+            if c.exited is None:
+                c.exited = asyncio.get_running_loop().create_future()
+            await c.exited
+        return c.returncode
+
+    def _reap(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On a thread of its own: wait for any rank to exit and hand its status to the
+        loop, until the job has ended (no descriptor per rank, unlike a pidfd each; and
+        uvloop keeps SIGCHLD to itself)."""
+        while not self._reaped_all:
             try:
-                await ready
-            finally:
-                loop.remove_reader(pidfd)
-                os.close(pidfd)
-            _, status = os.waitpid(c.pid, 0)
-        else:
-            while True:
-                pid, status = os.waitpid(c.pid, os.WNOHANG)
-                if pid:
-                    break
-                await asyncio.sleep(0.05)
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:  # none now; a rank started again may come
+                time.sleep(0.05)
+                continue
+            except InterruptedError:
+                continue
+            try:
+                loop.call_soon_threadsafe(self._exited, pid, status)
+            except RuntimeError:  # the loop has closed
+                return
+
+    def _exited(self, pid: int, status: int) -> None:
+        c = next((c for c in self.children if c.pid == pid), None)
+        if c is None or c.returncode is not None:
+            return
         c.returncode = os.waitstatus_to_exitcode(status)
         if c.popen is not None:
             c.popen.returncode = c.returncode
-        return c.returncode
+        if c.exited is not None and not c.exited.done():
+            c.exited.set_result(c.returncode)
 
     async def _watch(self, c: _Child, server: RendezvousServer | None) -> None:
         rc = await self._wait_child(c)
@@ -334,6 +359,17 @@ class Launcher:
         self._kill_all(signal.SIGTERM)
         await self._wait_all(KILL_AFTER)
         self._kill_all(signal.SIGKILL)
+
+    def _out_of_files(self, err: fdlimits.FileLimitError) -> None:
+        """The rendezvous (or agent) could not accept a rank's connection for want of
+        file descriptors: the job cannot start; say why, and stop it (not a timeout)."""
+        if self._stopping:
+            return
+        self._note(str(err))
+        if self.first_failure is None:
+            self.first_failure = 1
+        self._killing = True
+        asyncio.get_running_loop().create_task(self._teardown(0.0))
 
     def _on_signal(self, sig: int) -> None:
         if self.first_failure is None:

@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Callable
 
+from . import fdlimits
 from .door import Door
 from .env import LaunchConfig, log_level
 from .rendezvous.server import RendezvousServer
@@ -45,6 +46,7 @@ async def join(cfg: LaunchConfig, timeout: float,
     come). ``server``: a rendezvous this process already runs, closed with the session
     once the other ranks have left. On failure, everything opened is closed again."""
     configure_logging(f"rank {cfg.rank}")
+    fdlimits.raise_soft_limit()  # a rank holds a connection per peer it talks to
     session = Session(cfg, timeout)
     session.server = server
     try:

@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 
-from .. import wire
+from .. import fdlimits, wire
 from ..env import advertise_addr
 from ..errors import DistTimeoutError, ProtocolError, RendezvousError
 from ..transport import addresses
@@ -49,6 +49,7 @@ class NodeAgent(Acceptor):
     async def start(self, listeners: list[socket.socket] | None = None,
                     timeout: float = 60.0) -> int:
         """Listen on the node's port, connect to the rendezvous; return the port."""
+        fdlimits.raise_soft_limit()  # it holds a connection per rank of its node
         if listeners is None:
             listeners = bind_listeners(self.host, self.port, self.job)
         self._listeners = list(listeners)

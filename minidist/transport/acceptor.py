@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-from .. import wire
+from .. import fdlimits, wire
 from ..errors import ProtocolError
 from .handoff import hand_over
 from .sockets import PeerClosed, accept_handshake, handshake_failures, send_all, tune_tcp
@@ -20,12 +20,15 @@ HANDSHAKE_TIMEOUT = 10.0
 class Acceptor:
     """Base for servers: ``_accept_loop(listener)`` runs ``_session(sock)`` for every
     connection (TCP ones tuned); tasks live in ``_tasks`` until done; set ``_closed``
-    before closing the listeners."""
+    before closing the listeners. ``on_exhausted``, if set, hears of an accept that
+    failed for want of file descriptors (the launcher fails the job with it)."""
 
     _tasks: set[asyncio.Task]
     _closed: bool
     secret: bytes
     job: str
+    on_exhausted: Callable[[fdlimits.FileLimitError], None] | None = None
+    _reserve: fdlimits.Reserve | None = None
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         t = asyncio.get_running_loop().create_task(coro)
@@ -41,12 +44,18 @@ class Acceptor:
 
     async def _accept_loop(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        if self._reserve is None:
+            self._reserve = fdlimits.Reserve()
         while not self._closed:
             try:
                 sock, _ = await loop.sock_accept(listener)
-            except OSError:
+            except OSError as e:
                 if self._closed:
                     return
+                if e.errno in fdlimits.EXHAUSTION:  # refuse one, say why, tell the owner
+                    err = self._reserve.shed(listener, e, type(self).__name__)
+                    if self.on_exhausted is not None:
+                        self.on_exhausted(err)
                 await asyncio.sleep(0.05)
                 continue
             sock.setblocking(False)
