@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from .harness import SCRIPTS, Job
+from .harness import ROOT, SCRIPTS, Job
 
 SCRIPT = SCRIPTS / "shared_array_job.py"
 pytestmark = pytest.mark.timeout(120)
@@ -54,3 +54,10 @@ def test_no_torn_version_while_the_publisher_runs_flat_out():
     for checked, _, torn in checks:
         assert int(checked) > 100 and int(torn) == 0, job.out
     assert not leftovers(job_key(job.out))
+
+
+def test_the_rl_weights_example():
+    with Job(4, ROOT / "examples" / "rl_weights.py", "6") as job:
+        rc = job.wait(90)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    assert "published version 7" in job.out and "learner done" in job.out, job.out
