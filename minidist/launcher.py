@@ -158,10 +158,14 @@ class Launcher:
         sys.stderr.flush()
         for local in range(o.nproc):
             rank = o.node_rank * o.nproc + local
-            if o.start_method == "fork":
-                self.children.append(self._fork(rank, local))
-            else:
-                self.children.append(self._spawn(rank, local))
+            try:
+                if o.start_method == "fork":
+                    self.children.append(self._fork(rank, local))
+                else:
+                    self.children.append(self._spawn(rank, local))
+            except OSError as e:  # the ranks already started die with this process
+                raise fdlimits.exhausted(e, f"starting rank {rank} of {self.world_size} "
+                                         f"(its output pipes)") or e from None
 
     def _spawn(self, rank: int, local: int) -> _Child:
         o = self.opts

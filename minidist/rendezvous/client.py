@@ -11,7 +11,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from .. import wire
+from .. import fdlimits, wire
 from ..errors import DistTimeoutError, PeerLostError, ProtocolError, RendezvousError
 from ..transport import addresses
 from ..transport.sockets import PeerClosed, connect_handshake
@@ -69,7 +69,11 @@ class RendezvousClient:
         try:
             async with asyncio.timeout(timeout):
                 while True:
-                    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    try:
+                        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    except OSError as e:  # out of descriptors: say so, now
+                        raise fdlimits.exhausted(
+                            e, "connecting to this node's minidist agent") or e from None
                     sock.setblocking(False)
                     try:
                         await loop.sock_connect(sock, addresses.agent_address(self.job))
@@ -88,6 +92,9 @@ class RendezvousClient:
                     self._task = loop.create_task(self._read_loop())
                     return
         except TimeoutError:
+            if isinstance(last, PeerClosed):  # it took the connection and dropped it
+                last = (f"{last}: the agent closed the connection before the handshake; "
+                        "its own output says why (too many open files?)")
             raise DistTimeoutError(
                 f"could not reach this node's minidist agent within {timeout:g} s ({last}); "
                 f"is the launcher, rank 0 (rendezvous at {host}:{port}) or this node's local "

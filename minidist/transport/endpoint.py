@@ -10,7 +10,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from .. import wire
+from .. import fdlimits, wire
 from ..errors import PeerLostError, ProtocolError, RendezvousError
 from . import addresses
 from .mailbox import Mailbox
@@ -355,12 +355,16 @@ class Endpoint:
                         return self._chosen[dst]
                     if dst in self._gone:
                         raise self._gone[dst]
-                    if route is None:
-                        sock = nonblocking_unix_socket()
-                    else:  # another node: through its agent's TCP port
-                        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                        sock.setblocking(False)
-                        tune_tcp(sock)
+                    try:
+                        if route is None:
+                            sock = nonblocking_unix_socket()
+                        else:  # another node: through its agent's TCP port
+                            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                            sock.setblocking(False)
+                            tune_tcp(sock)
+                    except OSError as e:  # out of descriptors: say so, now
+                        raise fdlimits.exhausted(e, f"rank {self.rank} connecting to rank "
+                                                 f"{dst}") or e from None
                     try:
                         await loop.sock_connect(sock, addr)
                         await connect_handshake(sock, self.secret, wire.Role.PEER, self.rank,
