@@ -75,24 +75,24 @@ def segment_bytes(nbytes: int, buffers: int, members: int) -> int:
 
 
 def create(name: str, size: int) -> int:
-    """Create segment ``name`` of ``size`` bytes with every page reserved now (so a full
-    /dev/shm fails here with a clear error, never later with SIGBUS); its fd."""
-    path = os.path.join(segments.SHM_DIR, name)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    """Create segment ``name`` of ``size`` bytes with every page reserved now
+    (:func:`minidist.segments.reserve`: a full /dev/shm fails here with a clear error,
+    never later with SIGBUS); its fd. DistError (nothing left behind) if there is no
+    room."""
+    fd = os.open(os.path.join(segments.SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR,
+                 0o600)
     try:
         os.ftruncate(fd, size)
-        os.posix_fallocate(fd, 0, size)
-    except OSError as e:
+        segments.reserve(fd, 0, size, "a shared array")
+    except BaseException as e:
         os.close(fd)
         segments.unlink(name)
-        free = ""
-        with contextlib.suppress(OSError):
-            st = os.statvfs(segments.SHM_DIR)
-            free = f" ({st.f_bavail * st.f_frsize / 2**20:.1f} MiB free there)"
-        raise DistError(
-            f"cannot reserve {size / 2**20:.1f} MiB in {segments.SHM_DIR}{free} for a shared "
-            f"array ({e.strerror}); give the container more shared memory (docker run "
-            f"--shm-size=...), use fewer buffers, or a smaller array") from None
+        if isinstance(e, OSError):
+            raise DistError(
+                f"{e.strerror if isinstance(e, segments.NoRoom) else e}: give the container "
+                "more shared memory (docker run --shm-size=...), or use fewer buffers or a "
+                "smaller array") from None
+        raise
     return fd
 
 

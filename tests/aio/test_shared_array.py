@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from minidist.door import Door
-from minidist.errors import CollectiveMismatchError, DistTimeoutError
+from minidist.errors import CollectiveMismatchError, DistError, DistTimeoutError
 from minidist.shared_array import AsyncSharedArray
 
 pytestmark = pytest.mark.timeout(60)
@@ -97,3 +97,19 @@ async def test_the_publisher_waits_for_a_reader_that_holds_the_only_other_buffer
         assert reader.read()[1] == 3
     finally:
         await close_all(arrays)
+
+
+async def test_no_room_in_dev_shm_raises_on_every_rank_and_leaves_nothing(job, monkeypatch):
+    from minidist import segments
+
+    monkeypatch.setattr(segments, "room", lambda: (60 << 20, 64 << 20))  # Docker's 64 MiB
+    doors = [Door(s, None) for s in job]
+    got = await asyncio.gather(*(AsyncSharedArray.create(d, "big", (256 << 20,), np.uint8, 0)
+                                 for d in doors), return_exceptions=True)
+    for e in got:
+        assert isinstance(e, DistError) and "--shm-size" in e.args[0], got
+        assert "768 MiB" in e.args[0] and "60 MiB free" in e.args[0], e
+    assert not [f for f in os.listdir("/dev/shm") if job[0].job in f]
+    monkeypatch.undo()  # the same name works once there is room
+    arrays = await made(job, name="big", shape=(1 << 20,), dtype=np.uint8)
+    await close_all(arrays)
