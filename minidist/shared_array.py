@@ -332,10 +332,22 @@ class Shared:
         self._buf.commit(b, self._version)
         return self._version
 
-    def _sends(self, b: int) -> list:
+    def _sends(self, b: int) -> list[tuple[int, Any]]:
+        """(leader, its message) for every node leader still there. A leader that is
+        gone gets no more versions (its node's readers hear that it is lost)."""
         d, lay = self._door, self._lay
-        return [d.plan.prepare_send(self._buf.raw[b], r, lay.tag, lay.relay_group,
-                                    internal=True) for r in lay.leaders]
+        lay.leaders = [r for r in lay.leaders if d.gone(lay.group, r) is None]
+        return [(r, d.plan.prepare_send(self._buf.raw[b], r, lay.tag, lay.relay_group,
+                                        internal=True)) for r in lay.leaders]
+
+    def _sent(self, leader: int, error: BaseException | None) -> None:
+        """A send to ``leader`` ended with ``error``: a lost leader is dropped (the
+        learner publishes on to the other nodes); anything else raises."""
+        if isinstance(error, PeerLostError):
+            with contextlib.suppress(ValueError):
+                self._lay.leaders.remove(leader)
+        elif error is not None:
+            raise error
 
     # ------------------------------------------------------------------ the relay
 
@@ -397,7 +409,7 @@ class SharedArray(Shared):
         super().__init__(d, lay, buf)
         if lay.writer == lay.me and lay.me != lay.src:
             d.block(self._relay_starter())
-        self._pending: list[concurrent.futures.Future] = []
+        self._pending: list[tuple[int, concurrent.futures.Future]] = []
 
     async def _relay_starter(self) -> None:
         self._start_relay()
@@ -424,13 +436,13 @@ class SharedArray(Shared):
         b = self._claim_blocking()
         v = self._copy_in(b, a)
         d = self._door
-        self._pending = [d.submit(item) for item in self._sends(b)]
+        self._pending = [(r, d.submit(item)) for r, item in self._sends(b)]
         return v
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
-        for f in pending:  # ends with the send, or with the loss of its node's leader
-            f.result()
+        for r, f in pending:  # ends with the send, or with the loss of its node's leader
+            self._sent(r, f.exception())
 
     def wait(self, version: int, timeout: float | None = None) -> int:
         """Sleep (no CPU) until version ``version`` or a later one exists on this node;
@@ -466,7 +478,7 @@ class AsyncSharedArray(Shared):
 
     def __init__(self, d: Door, lay: Layout, buf: versioned.NodeBuffers) -> None:
         super().__init__(d, lay, buf)
-        self._pending: list[asyncio.Future] = []
+        self._pending: list[tuple[int, asyncio.Future]] = []
 
     @classmethod
     async def create(cls, d: Door, name: str, shape: Any, dtype: Any, src: int = 0,
@@ -486,14 +498,17 @@ class AsyncSharedArray(Shared):
         if b < 0:  # every other buffer is read: wait off the loop
             b = await asyncio.get_running_loop().run_in_executor(None, self._claim_blocking)
         v = self._copy_in(b, a)
-        self._pending = [asyncio.ensure_future(self._door.run(item))
-                         for item in self._sends(b)]
+        self._pending = [(r, asyncio.ensure_future(self._door.run(item)))
+                         for r, item in self._sends(b)]
         return v
 
     async def _flush(self) -> None:
         pending, self._pending = self._pending, []
-        for f in pending:
-            await f
+        for r, f in pending:
+            try:
+                await f
+            except PeerLostError as e:
+                self._sent(r, e)
 
     async def wait(self, version: int, timeout: float | None = None) -> int:
         """See :meth:`SharedArray.wait`; cancelling it stops the waiting thread within

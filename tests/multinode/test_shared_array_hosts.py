@@ -58,3 +58,15 @@ def test_each_version_crosses_the_network_once_per_host(hosts, tmp_path):
     # once per host: the payload and some headers and control messages, where a copy
     # per rank would be 16 times the payload
     assert payload <= got < 1.5 * payload, (got, payload)
+
+
+@pytest.mark.parametrize("hosts", [2], indirect=True)
+def test_a_lost_node_leader_stops_only_its_node(hosts):
+    procs = launch(hosts, 3, SCRIPTS / "shared_array_job.py", "leader_dies")
+    results = finish(procs, 120)
+    out = "".join(o for _rc, o, _e in results)
+    errs = "".join(e[-2000:] for _rc, _o, e in results)
+    assert "PUBLISHED 4" in out, out + errs  # the learner published on
+    assert out.count("HOST0 OK") == 2, out + errs
+    lost = [line for line in out.splitlines() if "LEADER LOST" in line]
+    assert len(lost) == 2 and all("ranks=3 " in line for line in lost), out + errs

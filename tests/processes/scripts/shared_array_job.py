@@ -172,12 +172,43 @@ def hosts(versions: int, mib: float) -> None:
     print(f"HOSTS OK node={minidist.get_node_rank()}", flush=True)
 
 
+def leader_dies() -> None:
+    """Two hosts of three ranks: the second host's leader (rank 3) is killed; the
+    learner publishes on to the first host, the second host's readers hear it."""
+    shared = minidist.SharedArray("l", 1024, np.int64, src=0)
+    if rank == 0:
+        shared.publish(np.full(1024, 1, np.int64))
+    shared.wait(1, timeout=20)
+    minidist.barrier()
+    print("READY", flush=True)
+    if rank == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == 0:
+        time.sleep(0.5)
+        for k in (2, 3, 4):
+            shared.publish(np.full(1024, k, np.int64))
+            time.sleep(0.2)
+        print(f"PUBLISHED {shared.latest}", flush=True)
+    elif rank in (1, 2):
+        shared.wait(4, timeout=20)
+        assert (shared.read()[0] == 4).all()
+        print("HOST0 OK", flush=True)
+    else:
+        try:
+            shared.wait(2, timeout=20)
+        except minidist.PeerLostError as e:
+            print(f"LEADER LOST ranks={','.join(map(str, e.ranks))} msg={e}", flush=True)
+    os._exit(0)
+
+
 if mode == "basic":
     basic()
 elif mode == "kill":
     kill()
 elif mode == "stress":
     stress(float(sys.argv[2]), float(sys.argv[3]))
+elif mode == "leader_dies":
+    leader_dies()
 elif mode == "hosts":
     hosts(int(sys.argv[2]), float(sys.argv[3]))
 minidist.destroy()
