@@ -222,6 +222,20 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
         return False
 
     @property
+    def supports_shrinking(self) -> bool:
+        return True
+
+    def shrink(self, ranks_to_exclude: list[int], shrink_flags: int = 0,
+               opts: Any = None) -> ProcessGroupMinidist:
+        """What ``torch.distributed.shrink_group`` asks of the backend: a new one for
+        the members left once the group ranks ``ranks_to_exclude`` are taken out (see
+        :func:`minidist.shrink_group`: the same group on every caller, also when another
+        member dies during the call)."""
+        from ._shrink import shrink
+
+        return shrink(self, ranks_to_exclude, shrink_flags, opts)
+
+    @property
     def supports_time_estimate(self) -> bool:
         return False
 
