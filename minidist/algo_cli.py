@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import algorithms
+from . import algorithms, collectives
 from .algorithms import cost, draw, plugins, simulator, trace
 from .bench.report import format_size, parse_size
 from .env import algorithm_modules
@@ -189,14 +189,14 @@ def count_of(collective: str, nbytes: int, n: int, itemsize: int) -> int:
     if collective == "barrier":
         return 0
     elements = max(1, nbytes // itemsize)
-    if collective in algorithms.IN_PLACE:
+    if collectives.get(collective).in_place:
         return elements
     return max(1, elements // n)  # one block
 
 
 def whole_bytes(collective: str, count: int, n: int, itemsize: int) -> int:
     """The whole vector's bytes for a count as the algorithms count elements."""
-    return count * itemsize * (1 if collective in algorithms.IN_PLACE else n)
+    return collectives.get(collective).whole_bytes(n, count, itemsize)
 
 
 def costs_for(cores: int | None) -> tuple[cost.Costs, str]:
@@ -458,7 +458,7 @@ def _cost(a: argparse.Namespace) -> int:
         return 0
     layout = "1 node" if nodes is None or len(set(nodes)) == 1 else f"{len(set(nodes))} nodes"
     print(f"{coll}: n={n}, {format_size(nbytes)}B ({count} {a.dtype} "
-          f"{'elements' if coll in algorithms.IN_PLACE else 'per block'}), {layout}, "
+          f"{'elements' if collectives.get(coll).in_place else 'per block'}), {layout}, "
           f"{c.cores} cores per node")
     print(f"costs ({where}): call_s {c.call_s * 1e6:.3g} us, alpha_s {c.alpha_s * 1e6:.3g} "
           f"us, beta_s {c.beta_s * 1e9:.3g} ns/B, gamma {c.gamma * 1e9:.3g} ns/B, delta "

@@ -106,3 +106,23 @@ def finish(op: ReduceOp, out: np.ndarray, size: int) -> None:
     """Apply the final step an operator needs after combining ``size`` inputs (AVG divides)."""
     if op == ReduceOp.AVG and size > 1 and out.size:
         np.divide(out, size, out=out)
+
+
+def identity(op: ReduceOp, dtype: np.dtype) -> np.generic:
+    """The value ``x`` with ``op(x, y) == y`` for every ``y`` of ``dtype`` (AVG: that of
+    its sum). TypeError if ``op`` is not defined on ``dtype``."""
+    dtype = np.dtype(dtype)
+    check_op(op, dtype)
+    op = as_op(op)
+    if op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.BOR, ReduceOp.BXOR):
+        return dtype.type(0)
+    if op == ReduceOp.PRODUCT:
+        return dtype.type(1)
+    if dtype.kind == "b":  # MIN is a logical and, MAX an or; BAND an and
+        return dtype.type(op != ReduceOp.MAX)
+    if op == ReduceOp.BAND:
+        return dtype.type(np.iinfo(dtype).max if dtype.kind == "u" else -1)
+    if dtype.kind == "f":
+        return dtype.type(np.inf if op == ReduceOp.MIN else -np.inf)
+    info = np.iinfo(dtype)
+    return dtype.type(info.max if op == ReduceOp.MIN else info.min)

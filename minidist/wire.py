@@ -27,6 +27,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .collectives import KINDS
 from .errors import ProtocolError
 
 VERSION = 2
@@ -157,19 +158,9 @@ def decode_ack(data: bytes, secret: bytes | None = None, nonce: bytes = b"",
 # --------------------------------------------------------------------------- data frames
 
 
-class Kind(enum.IntEnum):
-    """What a data frame belongs to."""
-
-    BARRIER = 1
-    ALL_REDUCE = 2
-    BROADCAST = 3
-    REDUCE = 4
-    ALL_GATHER = 5
-    REDUCE_SCATTER = 6
-    GATHER = 7
-    SCATTER = 8
-    ALL_TO_ALL = 9
-    P2P = 10
+Kind = enum.IntEnum("Kind", KINDS)
+Kind.__doc__ = """What a data frame belongs to: a collective (its number is its record's
+``kind`` in :mod:`minidist.collectives`) or a point-to-point message (P2P)."""
 
 
 # magic, version, kind, dtype, op, algorithm, flags,

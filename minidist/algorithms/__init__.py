@@ -15,24 +15,18 @@ schedules of all ranks in one process.
 from __future__ import annotations
 
 import functools
+import importlib
 import operator
 import re
 import zlib
 from collections.abc import Callable, Iterable
 
+from ..collectives import CATALOG
 from . import (
-    allgather,
-    allreduce,
-    alltoall,
-    barrier,
-    broadcast,
-    gather_scatter,
     hierarchical,
     plugins,  # noqa: F401 - minidist.algorithms.plugins, loaded with the package
-    reduce,
     shm,
 )
-from . import reduce_scatter as _reduce_scatter
 from ._common import buffer_sizes, tmp_extent
 from .analysis import ScheduleError, stats, validate
 from .compose import PHASE_TAGS, Part, compose, part
@@ -53,42 +47,18 @@ __all__ = [
 
 Algorithm = Callable[[int, int, int, int], Schedule]
 
-# Collective -> algorithm name -> schedule function. Defaults come from choose(), not
-# from the order; but the order IS part of the wire format (frames carry an algorithm's
-# index in ALGORITHMS[collective]), so only ever append.
+# Collective -> algorithm name -> schedule function, from the catalog's records (their
+# order IS part of the wire format: frames carry an algorithm's index in
+# ALGORITHMS[collective]). A record names each function as "module.function" here.
+
+
+def _resolve(path: str) -> Algorithm:
+    module, function = path.rsplit(".", 1)
+    return getattr(importlib.import_module(f"{__name__}.{module}"), function)
+
+
 _REGISTRY: dict[str, dict[str, Algorithm]] = {
-    "all_reduce": {
-        "ring": allreduce.ring,
-        "recursive_doubling": allreduce.recursive_doubling,
-        "tree": allreduce.tree,
-        # with no node layout given, every rank counts as one node
-        "hierarchical": lambda rank, size, count, root=0: hierarchical.hierarchical(
-            rank, size, count, (0,) * size),
-        "shared_memory": lambda rank, size, count, root=0: shm.shared_memory(
-            rank, size, count, shm.chunk_elements(size, 4)),
-        "rabenseifner": allreduce.rabenseifner,
-        "double_binary_tree": allreduce.double_binary_tree,
-    },
-    "broadcast": {
-        "binomial": broadcast.binomial,
-        "scatter_allgather": broadcast.scatter_allgather,
-        "shared_memory": lambda rank, size, count, root=0: shm.broadcast_shared_memory(
-            rank, size, count, root, shm.BROADCAST_CHUNK_BYTES // 4),
-        "pipeline": broadcast.pipeline,
-    },
-    "barrier": {"dissemination": barrier.dissemination, "tree": barrier.tree},
-    "reduce": {"binomial": reduce.binomial, "rabenseifner": reduce.rabenseifner},
-    "all_gather": {"ring": allgather.ring, "recursive_doubling": allgather.recursive_doubling,
-                   "bruck": allgather.bruck},
-    "reduce_scatter": {"ring": _reduce_scatter.ring,
-                       "recursive_halving": _reduce_scatter.recursive_halving},
-    "gather": {"binomial": gather_scatter.gather_binomial, "linear": gather_scatter.gather_linear},
-    "scatter": {
-        "binomial": gather_scatter.scatter_binomial,
-        "linear": gather_scatter.scatter_linear,
-    },
-    "all_to_all": {"pairwise": alltoall.pairwise, "bruck": alltoall.bruck},
-}
+    c.name: {name: _resolve(path) for name, path in c.algorithms} for c in CATALOG.values()}
 
 ALGORITHMS: dict[str, tuple[str, ...]] = {c: tuple(a) for c, a in _REGISTRY.items()}
 """Collective name -> the names of its algorithms: the built-ins (append only: their
@@ -108,11 +78,11 @@ _USER_INDEX: dict[str, dict[str, int]] = {c: {} for c in _REGISTRY}
 _CHECKED: dict[Algorithm, Algorithm] = {}  # a registered function -> its checking wrapper
 
 COLLECTIVES: tuple[str, ...] = tuple(_REGISTRY)
-ROOTED: frozenset[str] = frozenset({"broadcast", "reduce", "gather", "scatter"})
+ROOTED: frozenset[str] = frozenset(c.name for c in CATALOG.values() if c.rooted)
 """Collectives whose ``root`` argument matters (others record root 0)."""
-REDUCING: frozenset[str] = frozenset({"all_reduce", "reduce", "reduce_scatter"})
+REDUCING: frozenset[str] = frozenset(c.name for c in CATALOG.values() if c.reducing)
 """Collectives that combine values with a ReduceOp (the executor applies ops.finish)."""
-IN_PLACE: frozenset[str] = frozenset({"all_reduce", "broadcast", "reduce"})
+IN_PLACE: frozenset[str] = frozenset(c.name for c in CATALOG.values() if c.in_place)
 """Collectives whose schedules use only ``"out"`` (holding the input) and ``"tmp"``."""
 
 # ---------------------------------------------------------------------------------------
@@ -395,11 +365,14 @@ def make_schedule(
         root = 0
     if algorithm == "hierarchical" and nodes is not None:
         return hierarchical.hierarchical(rank, size, count, tuple(nodes), itemsize)
+    # chunks no longer than the vector: a short one needs (and reserves) less memory
     if algorithm == "shared_memory" and collective == "all_reduce":
-        return shm.shared_memory(rank, size, count, shm.chunk_elements(size, itemsize))
+        return shm.shared_memory(rank, size, count,
+                                 min(shm.chunk_elements(size, itemsize), max(1, count)))
     if algorithm == "shared_memory" and collective == "broadcast":
-        return shm.broadcast_shared_memory(rank, size, count, root,
-                                           max(1, shm.BROADCAST_CHUNK_BYTES // itemsize))
+        return shm.broadcast_shared_memory(
+            rank, size, count, root, min(max(1, shm.BROADCAST_CHUNK_BYTES // itemsize),
+                                         max(1, count)))
     return _cached(fn, rank, size, count, root)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from .. import collectives
 from .schedule import Buf, Comm, Compute, Recv, Reduce, Schedule, Send, Step
 
 
@@ -138,29 +139,10 @@ def ring_reduce_scatter(
 def buffer_sizes(collective: str, rank: int, size: int, count: int, root: int = 0
                  ) -> tuple[int, int]:
     """(elements of ``"in"``, elements of ``"out"``) that ``rank`` of a collective call
-    gets from the executor; ``count`` as in :func:`minidist.algorithms.make_schedule`.
-
-    all_reduce, broadcast, reduce: (0, count) (in place: only ``"out"``); barrier:
-    (0, 0); all_gather: (count, size*count); reduce_scatter: (size*count, count);
-    gather: (count, size*count on the root, else 0); scatter: (size*count on the root,
-    else 0; count); all_to_all: (size*count, size*count).
-    """
-    n, c = size, count
-    if collective in ("all_reduce", "broadcast", "reduce"):
-        return 0, c
-    if collective == "barrier":
-        return 0, 0
-    if collective == "all_gather":
-        return c, n * c
-    if collective == "reduce_scatter":
-        return n * c, c
-    if collective == "gather":
-        return c, n * c if rank == root else 0
-    if collective == "scatter":
-        return n * c if rank == root else 0, c
-    if collective == "all_to_all":
-        return n * c, n * c
-    raise ValueError(f"unknown collective {collective!r}")
+    gets from the executor; ``count`` as in :func:`minidist.algorithms.make_schedule`
+    (the collective's record in :mod:`minidist.collectives` says). ValueError for an
+    unknown collective."""
+    return collectives.get(collective).sizes(rank, size, count, root)
 
 
 def tmp_extent(steps: Iterable[Step]) -> int:

@@ -41,6 +41,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from .. import collectives
 from .schedule import Reduce, Schedule, Send
 
 
@@ -301,30 +302,22 @@ def lower_bounds(collective: str, n: int, nbytes: int, c: Costs = DEFAULT
     """Lower bounds on a call's time with a core per rank, under the replay's model:
     ``latency`` = ceil(log2 n) * alpha_s (information must reach every rank, doubling
     at best each round); ``bandwidth`` (beta_s times what the busiest rank must at
-    least send and receive, half each way): 2(n-1)/n N for all_reduce, (n-1)/n N for
+    least send and receive, half each way, as the collective's record in
+    :mod:`minidist.collectives` says): 2(n-1)/n N for all_reduce, (n-1)/n N for
     all_gather, reduce_scatter and all_to_all, (n-1)/n N / 2 for gather and scatter
     (only the root), N / 2 for broadcast and reduce; ``compute`` = (n-1)/n N gamma for
-    the reducing collectives; ``call`` = call_s, what every rank spends on the call
-    itself. ``bound`` is call plus the larger of latency and bandwidth + compute.
-    ``nbytes`` (N) is the whole vector, as for :func:`choose`."""
+    the collectives that reduce a share of the vector; ``call`` = call_s, what every
+    rank spends on the call itself. ``bound`` is call plus the larger of latency and
+    bandwidth + compute. ``nbytes`` (N) is the whole vector, as for :func:`choose`."""
     if n <= 1:
         return {"latency": 0.0, "bandwidth": 0.0, "compute": 0.0, "call": 0.0, "bound": 0.0}
+    rec = collectives.get(collective)
     N = float(nbytes)
     share = (n - 1) / n * N
-    if collective == "all_reduce":
-        moved = 2 * share
-    elif collective in ("all_gather", "reduce_scatter", "all_to_all"):
-        moved = share
-    elif collective in ("gather", "scatter"):
-        moved = share / 2
-    elif collective in ("broadcast", "reduce"):
-        moved = N / 2
-    else:
-        moved = 0.0
+    moved = rec.moved(n, N)
     latency = math.ceil(math.log2(n)) * c.alpha_s
     bandwidth = moved * c.beta_s
-    compute = share * c.gamma if collective in ("all_reduce", "reduce_scatter", "reduce") \
-        else 0.0
+    compute = share * c.gamma if rec.computes else 0.0
     return {"latency": latency, "bandwidth": bandwidth, "compute": compute,
             "call": c.call_s, "bound": c.call_s + max(latency, bandwidth + compute)}
 

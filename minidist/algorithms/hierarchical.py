@@ -53,3 +53,8 @@ def hierarchical(rank: int, size: int, count: int, nodes: tuple[int, ...],
         if inside else None,
         step(compute=[Copy("out", 0, "tmp", 0, count)]),
     ])
+
+
+def flat(rank: int, size: int, count: int, root: int = 0) -> Schedule:
+    """The schedule with no node layout given: every rank counts as one node."""
+    return hierarchical(rank, size, count, (0,) * size)

@@ -156,3 +156,14 @@ def broadcast_shared_memory(rank: int, size: int, count: int, root: int,
 
 
 BROADCAST_CHUNK_BYTES = 4 << 20
+
+
+def all_reduce_default(rank: int, size: int, count: int, root: int = 0) -> Schedule:
+    """:func:`shared_memory` in the chunks of 4-byte elements."""
+    return shared_memory(rank, size, count, chunk_elements(size, 4))
+
+
+def broadcast_default(rank: int, size: int, count: int, root: int = 0) -> Schedule:
+    """:func:`broadcast_shared_memory` in chunks of BROADCAST_CHUNK_BYTES of 4-byte
+    elements."""
+    return broadcast_shared_memory(rank, size, count, root, BROADCAST_CHUNK_BYTES // 4)

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ops import ReduceOp, check_op, finish, reduce_into
-from . import IN_PLACE, REDUCING, ROOTED, make_schedule
+from .. import collectives
+from ..ops import ReduceOp, check_op, finish, identity, reduce_into
+from . import IN_PLACE, REDUCING, make_schedule
 from .analysis import ScheduleError, stats, validate
 from .schedule import Copy, Recv, Reduce, Schedule, Send, apply_compute
 
@@ -257,23 +258,18 @@ def _setup(collective: str, algorithm: object, inputs: Sequence[np.ndarray], op:
     size = len(inputs)
     if size < 1:
         raise ValueError("need at least one rank")
-    if collective in ROOTED and not 0 <= root < size:
+    rec = collectives.get(collective)
+    if rec.rooted and not 0 <= root < size:
         raise ValueError(f"root {root} outside 0..{size - 1}")
     op = ReduceOp(op)
     flat = [np.ascontiguousarray(x).reshape(-1) for x in inputs]
-    ref = flat[root if collective in ROOTED else 0]
+    ref = flat[root if rec.rooted else 0]
     dtype = ref.dtype
-    if collective in REDUCING:
+    if rec.reducing:
         check_op(op, dtype)
-    if collective == "barrier":
-        count = 0
-    elif collective in ("reduce_scatter", "all_to_all", "scatter"):
-        if ref.size % size:
-            raise ValueError(f"{collective} input of {ref.size} elements is not "
-                             f"a multiple of {size} ranks")
-        count = ref.size // size
-    else:
-        count = ref.size
+        if op.name in rec.refused_ops:
+            raise ValueError(f"{collective} does not take {op.name}")
+    count = rec.count_of(ref.size, size)
     try:
         schedules = [make_schedule(collective, algorithm, r, size, count, root, nodes=nodes,
                                    itemsize=dtype.itemsize) for r in range(size)]
@@ -282,18 +278,20 @@ def _setup(collective: str, algorithm: object, inputs: Sequence[np.ndarray], op:
     buffers = []
     for r, s in enumerate(schedules):
         x = flat[r]
-        uses_input = collective != "barrier" and (collective != "scatter" or r == root)
+        uses_input = rec.uses_input(r, root)
         if uses_input:
             if x.dtype != dtype:
                 raise ValueError(f"rank {r} input is {x.dtype}, rank {root} input is {dtype}")
-            want = s.out_size if collective in IN_PLACE else s.in_size
+            want = s.out_size if rec.in_place else s.in_size
             if x.size != want:
                 raise ValueError(f"rank {r} input has {x.size} elements, expected {want}")
-        if collective in IN_PLACE:
+        if rec.in_place:
             bufs = {"in": np.empty(0, dtype), "out": x.copy()}
         else:
             bufs = {"in": x.copy() if uses_input else np.empty(0, dtype),
                     "out": _poison(dtype, s.out_size)}
+            if rec.identity_first and r == 0:  # as the planner gives it
+                bufs["out"][:] = identity(op, dtype)
         if s.shared_tmp:  # one area for every rank, as shared memory is
             shared = buffers[0]["tmp"] if buffers else _poison(dtype, s.tmp_size)
             bufs["tmp"] = shared
@@ -305,12 +303,11 @@ def _setup(collective: str, algorithm: object, inputs: Sequence[np.ndarray], op:
 
 def _outputs(collective: str, buffers: Sequence[Mapping[str, np.ndarray]], op: ReduceOp,
              root: int) -> list[np.ndarray]:
+    rec = collectives.get(collective)
     outs = [b["out"] for b in buffers]
-    if collective in ("all_reduce", "reduce_scatter"):
-        for o in outs:
+    for r, o in enumerate(outs):
+        if rec.finishes(r, root):
             finish(op, o, len(outs))
-    elif collective == "reduce":
-        finish(op, outs[root], len(outs))
     return outs
 
 
@@ -428,40 +425,19 @@ def expected(collective: str, inputs: Sequence[np.ndarray], op: ReduceOp = Reduc
     n = len(inputs)
     flat = [np.asarray(x).reshape(-1) for x in inputs]
 
-    def fold() -> np.ndarray:
-        total = flat[0].copy()
-        for x in flat[1:]:
-            total = np.asarray(_UFUNC[op](total, x), flat[0].dtype)
+    def fold(parts: Sequence[np.ndarray]) -> np.ndarray:
+        total = parts[0].copy()
+        for x in parts[1:]:
+            total = np.asarray(_UFUNC[op](total, x), parts[0].dtype)
         total = total.copy()
         finish(op, total, n)
         return total
 
-    if collective == "all_reduce":
-        total = fold()
-        return [total] * n
-    if collective == "reduce":
-        return [fold() if r == root else flat[r] for r in range(n)]
-    if collective == "reduce_scatter":
-        c = flat[0].size // n
-        total = fold()
-        return [total[r * c:(r + 1) * c] for r in range(n)]
-    if collective == "broadcast":
-        return [flat[root]] * n
-    if collective == "all_gather":
-        return [np.concatenate(flat)] * n
-    if collective == "gather":
-        empty = flat[0][:0]
-        return [np.concatenate(flat) if r == root else empty for r in range(n)]
-    if collective == "scatter":
-        c = flat[root].size // n
-        return [flat[root][r * c:(r + 1) * c] for r in range(n)]
-    if collective == "all_to_all":
-        c = flat[0].size // n
-        return [np.concatenate([flat[j][r * c:(r + 1) * c] for j in range(n)])
-                for r in range(n)]
-    if collective == "barrier":
-        return [flat[0][:0]] * n
-    raise ValueError(f"unknown collective {collective!r}")
+    rec = collectives.get(collective)
+    want = rec.expected(flat, fold, np.concatenate, root)
+    if rec.identity_first and want and flat[0].size:
+        want[0] = np.full(flat[0].size, identity(op, flat[0].dtype))
+    return want
 
 
 def default_counts(size: int) -> list[int]:
@@ -583,6 +559,7 @@ def verify(
         raise ValueError(f"sizes must be group sizes >= 1, not {sizes}")
     rng = np.random.default_rng(seed)
     cases = 0
+    rec = collectives.get(collective)
     for size in sizes:
         if collective == "barrier":
             size_counts: Sequence[int] = [0]
@@ -590,7 +567,7 @@ def verify(
             size_counts = default_counts(size)
         else:
             size_counts = counts(size) if callable(counts) else counts
-        if collective not in ROOTED:
+        if not rec.rooted:
             size_roots: Sequence[int] = [0]
         elif roots is None or roots == "all":
             size_roots = range(size)
@@ -610,8 +587,8 @@ def verify(
 
 def _inputs(collective: str, size: int, count: int, rng: np.random.Generator,
             dtype: object) -> list[np.ndarray]:
-    per_rank = count * size if collective in ("reduce_scatter", "all_to_all", "scatter") \
-        else count
+    rec = collectives.get(collective)
+    per_rank = count * size if rec.split else count
     if collective == "barrier":
         per_rank = 0
     if np.dtype(dtype).kind == "f":
@@ -659,7 +636,8 @@ def _check_case(collective: str, algorithm: object, size: int, count: int, root:
             return fail("result", f"rank {r} out[{i}] = {g[i]}, expected {w[i]} "
                         f"({bad.size} wrong element{'s' if bad.size > 1 else ''}); {why}",
                         r, step)
-    if contract and collective in REDUCING and size > 1:
+    if contract and collectives.get(collective).reducing and \
+            collectives.get(collective).contract and size > 1:
         try:
             check_out_contract(schedules)
         except SimulationError as e:
