@@ -1047,3 +1047,7 @@ def run(scenario: str, seed: object, trial: int, opts: Options | None = None,
 from .shm_scenarios import SHM_SCENARIOS  # noqa: E402
 
 SCENARIOS.update(SHM_SCENARIOS)
+
+from .elastic_scenarios import ELASTIC_SCENARIOS  # noqa: E402
+
+SCENARIOS.update(ELASTIC_SCENARIOS)

@@ -86,3 +86,8 @@ def test_a_rank_dying_before_init_fails_the_others_init(chaos_seed, trial):
 
 def test_a_second_user_cannot_squat_a_dead_ranks_address(chaos_seed):
     check("squat", chaos_seed, 0)
+
+
+@pytest.mark.timeout(240)
+def test_killed_workers_restart_and_the_learner_never_stops(chaos_seed):
+    check("elastic", chaos_seed, 0)
