@@ -4,6 +4,7 @@ One listening TCP port per node, Unix domain sockets between the processes of a 
 ring and tree algorithms on numpy arrays. ``import minidist`` needs numpy only.
 """
 
+from .api import GENERATED as _GENERATED  # minidist.scan, ...: from the collective catalog
 from .api import (
     Store,
     all_gather,
@@ -59,6 +60,8 @@ from .ops import ReduceOp
 from .shared_array import SharedArray
 from .work import Work
 
+globals().update(_GENERATED)
+
 
 def __getattr__(name: str) -> str:
     # the version comes from the installed package's metadata, read on first use:
@@ -83,4 +86,4 @@ __all__ = [
     "GroupMember", "ReduceOp", "Work", "shrink_group", "agree", "wait_ranks", "SharedArray",
     "DistError", "DistTimeoutError", "PeerLostError", "CollectiveMismatchError",
     "NotInGroupError", "ProtocolError", "RendezvousError", "__version__",
-]
+] + list(_GENERATED)

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from . import api, forkguard, objects, startup
+from . import api, facade, forkguard, objects, startup
 from .door import Door, Planned
 from .env import default_timeout, detect
 from .errors import DistError
@@ -241,6 +241,18 @@ async def all_to_all(output: np.ndarray, input: np.ndarray, group: GroupArg = No
                      async_op: bool = False, algorithm: str | None = None) -> Handle | None:
     """See :func:`minidist.all_to_all`."""
     return await _go(_d().plan.prepare_all_to_all(output, input, group, algorithm), async_op)
+
+
+async def _generated(name: str, array: np.ndarray, op: ReduceOp, group: GroupArg,
+                     async_op: bool, algorithm: str | None) -> Handle | None:
+    return await _go(_d().plan.prepare_collective(name, array, op, group, algorithm), async_op)
+
+
+GENERATED: dict[str, Any] = {
+    rec.front.function: facade.define(rec, _generated, __name__, returns="Handle | None")
+    for rec in facade.records()}
+"""Awaitable twins of :data:`minidist.api.GENERATED` (minidist.aio.scan, ...)."""
+globals().update(GENERATED)
 
 
 # ---------------------------------------------------------------------- point-to-point

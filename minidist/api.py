@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from . import forkguard, objects, startup
+from . import facade, forkguard, objects, startup
 from .door import Door, Planned
 from .env import default_timeout, detect
 from .errors import DistError
@@ -274,6 +274,17 @@ def all_to_all(output: np.ndarray, input: np.ndarray, group: GroupArg = None,
     """Block ``j`` of ``input`` goes to group rank ``j``; block ``i`` of ``output`` comes
     from group rank ``i`` (equal blocks)."""
     return _run(door().plan.prepare_all_to_all(output, input, group, algorithm), async_op)
+
+
+def _generated(name: str, array: np.ndarray, op: ReduceOp, group: GroupArg, async_op: bool,
+               algorithm: str | None) -> Work | None:
+    return _run(door().plan.prepare_collective(name, array, op, group, algorithm), async_op)
+
+
+GENERATED: dict[str, Any] = {
+    rec.front.function: facade.define(rec, _generated, __name__) for rec in facade.records()}
+"""The functions of the collectives whose records carry a front end (minidist.scan, ...)."""
+globals().update(GENERATED)
 
 
 # ---------------------------------------------------------------------- point-to-point

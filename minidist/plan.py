@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import algorithms, fastpath, ops, wire
+from . import algorithms, collectives, fastpath, ops, wire
 from .algorithms import cost
 from .algorithms import shm as shm_algorithm
 from .algorithms.schedule import Schedule
@@ -304,6 +304,34 @@ class Planner:
         return self._prepare(wire.Kind.ALL_TO_ALL, g, out_user, out, ReduceOp.SUM, -1,
                              algorithm, False, inp=inp, count=inp.size // g.size,
                              shape=np.shape(input))
+
+    def prepare_collective(self, name: str, array: np.ndarray, op: ReduceOp, group: object,
+                           algorithm: str | None) -> Prepared:
+        """A call of a collective with a generated front end (see
+        :mod:`minidist.facade`): ``array`` is the input and receives the result."""
+        rec = collectives.get(name)
+        g = self.group(group, name)
+        user, flat = _flat(array, name)
+        op = ops.as_op(op)
+        if rec.reducing:
+            ops.check_op(op, flat.dtype)
+            if op.name in rec.refused_ops:
+                raise ValueError(f"{name} does not take ReduceOp.{op.name}")
+        kind = wire.Kind[name.upper()]
+        first = g.rank_of(self.rank) == 0
+        if rec.in_place or g.size == 1:
+            if g.size == 1 and rec.identity_first:
+                user[...] = ops.identity(op, flat.dtype)
+            return self._prepare(kind, g, user, flat, op, -1, algorithm, rec.finish != "none")
+        # the result goes to a buffer of its own (the caller's array is only read until
+        # the call has succeeded), then into the caller's array
+        out = np.empty_like(flat)
+        if rec.identity_first and first:
+            out[...] = ops.identity(op, flat.dtype)
+        p = self._prepare(kind, g, out, out, op, -1, algorithm, rec.finish != "none",
+                          inp=flat, count=flat.size, shape=user.shape)
+        p.user = user
+        return p
 
     def _prepare(self, kind: wire.Kind, g: Group, user: np.ndarray, flat: np.ndarray,
                  op: ReduceOp, root: int, algorithm: str | None, finish: bool,

@@ -34,8 +34,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import collectives
+
+GENERATED = tuple(c.name for c in collectives.front_ends())  # minidist only (scan, ...)
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
-               "barrier", "pingpong")
+               "barrier", "pingpong", *GENERATED)
 SYSTEMS = ("minidist", "gloo", "mpi")
 # dtypes that numpy, torch (gloo) and MPI all carry
 DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64")
@@ -141,6 +144,8 @@ def bus_factor(collective: str, n: int) -> float | None:
         return 2.0
     if collective == "barrier":
         return None
+    if collective in GENERATED:  # every rank receives (at most) one vector
+        return 1.0
     raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
 
 

@@ -28,6 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import collectives
+from .report import GENERATED
+
 MARK = "@@minidist-bench "
 
 
@@ -42,7 +45,7 @@ def make_buffers(collective: str, count: int, n: int, dtype: str) -> dict[str, n
     -> ``out`` (count); barrier: none.
     """
     dt = np.dtype(dtype)
-    if collective in ("all_reduce", "broadcast", "pingpong"):
+    if collective in ("all_reduce", "broadcast", "pingpong") or collective in GENERATED:
         return {"buf": np.zeros(count, dt)}
     if collective == "all_gather":
         return {"inp": np.zeros(count // n, dt), "out": np.zeros(count, dt)}
@@ -90,6 +93,8 @@ def fill_for_check(collective: str, bufs: dict[str, np.ndarray], rank: int, n: i
         bufs["out"][:] = 5
     elif collective == "pingpong":  # the even rank's pattern goes there and back
         bufs["buf"][:] = pattern(rank, 0, bufs["buf"].size, dtype) if rank % 2 == 0 else 5
+    elif collective in GENERATED:
+        bufs["buf"][:] = pattern(rank, 0, bufs["buf"].size, dtype)
 
 
 def count_wrong(collective: str, bufs: dict[str, np.ndarray], rank: int, n: int,
@@ -117,6 +122,12 @@ def count_wrong(collective: str, bufs: dict[str, np.ndarray], rank: int, n: int,
         got = bufs["out"]
         per = got.size // n
         want = np.concatenate([pattern(j, rank * per, per, got.dtype.name) for j in range(n)])
+    elif collective in GENERATED:  # the record's own reference, summed in int64
+        got = bufs["buf"]
+        inputs = [pattern(r, 0, got.size, "int64") for r in range(n)]
+        want = collectives.get(collective).expected(
+            inputs, lambda parts: np.sum(parts, axis=0), np.concatenate, root)[rank]
+        want = want.astype(got.dtype.name)
     else:
         raise ValueError(f"unknown collective {collective!r}")
     return int(np.count_nonzero(got != want))
@@ -196,6 +207,9 @@ class Minidist(System):
             return md.barrier
         if collective == "pingpong":
             return pingpong(self.rank, self.size, bufs["buf"], md.send, md.recv)
+        if collective in GENERATED:
+            buf, fn = bufs["buf"], getattr(md, collectives.get(collective).front.function)
+            return lambda: fn(buf, **kw)
         raise ValueError(collective)
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ from ..errors import (
 from ..group import Group, GroupMember
 from ..ops import ReduceOp
 from . import _backend, _rendezvous
+from ._api import GENERATED as _GENERATED  # scan, ...: from the collective catalog
 from ._api import (
     P2POp,
     all_gather,
@@ -77,6 +78,8 @@ _backend.register()
 #: torch.distributed's Backend names (get_backend() returns Backend("minidist"))
 Backend = torch.distributed.Backend
 
+globals().update(_GENERATED)
+
 #: torch.distributed's name for a process group; here, any group argument
 ProcessGroup = Group
 
@@ -95,6 +98,6 @@ __all__ = [
     "scatter_object_list", "send_object_list", "recv_object_list", "DistError",
     "DistTimeoutError", "PeerLostError", "CollectiveMismatchError", "NotInGroupError",
     "share_module", "SharedModule",
-]
+] + list(_GENERATED)
 
 _rendezvous.install()

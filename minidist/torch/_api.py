@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .. import api as md
+from .. import facade
 from ..env import DEFAULT_TIMEOUT
 from ..errors import DistTimeoutError
 from ..group import NON_GROUP_MEMBER, WORLD_ID, Group, GroupMember
@@ -367,6 +368,22 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = md.ReduceOp.S
         return None
     return _done(C.reduce(tensor, _root(g, dst, group_dst, "dst"), op, g,
                           blocking=not async_op), async_op)
+
+
+def _generated(name: str, tensor: torch.Tensor, op: Any, group: Any, async_op: bool,
+               algorithm: None) -> Work | None:
+    g = _group(group)
+    if _skip(g, name):
+        return None
+    return _done(C.collective(name, tensor, op, g, not async_op), async_op)
+
+
+GENERATED: dict[str, Any] = {
+    rec.front.function: facade.define(rec, _generated, "minidist.torch", first="tensor",
+                                      annotation="torch.Tensor", algorithm=False)
+    for rec in facade.records()}
+"""The collectives with generated front ends, on tensors (minidist.torch.scan, ...)."""
+globals().update(GENERATED)
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,

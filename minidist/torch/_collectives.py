@@ -189,6 +189,18 @@ def all_reduce(t: torch.Tensor, op: Any, g: Group | None,
 
 
 @_ordered
+def collective(name: str, t: torch.Tensor, op: Any, g: Group | None,
+               blocking: bool = False) -> Work | Blocking:
+    """A collective with a generated front end (:mod:`minidist.facade`) on ``t``, which
+    is its input and receives its result."""
+    if type(op) is not ReduceOp:
+        op = to_op(op)
+    arr, post = as_output(t, name, reduce=True)
+    item = md.door().plan.prepare_collective(name, arr, op, g, None)
+    return _issue(item, post, [t], name, blocking)
+
+
+@_ordered
 def _all_reduce_other(t: Any, op: ReduceOp, g: Group | None,
                       blocking: bool) -> Work | Blocking:
     """all_reduce of anything but a plain CPU tensor: sparse, CUDA, or one that minidist
