@@ -39,6 +39,9 @@ def _run_parser(sub) -> None:
                    "rank (sets MINIDIST_ALGO_MODULE); repeatable")
     p.add_argument("--log-dir", "--log_dir", dest="log_dir", default=None,
                    help="also write each rank's output to DIR/rank<K>.log")
+    p.add_argument("--secret-file", dest="secret_file", default=None, metavar="PATH",
+                   help="read the job secret from PATH (mode 0600; the same on every "
+                   "node); without it, a job of several nodes derives a public one")
     p.add_argument("--version", action="version", version=_version())
     p.add_argument("--grace", type=float, default=5.0,
                    help="seconds the other ranks get to report after one fails (default 5)")
@@ -122,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                                   master_addr=a.master_addr, master_port=a.master_port,
                                   grace=a.grace, prefix=not a.no_prefix,
                                   env=_run_env(a), log_dir=a.log_dir,
-                                  restart_failed=a.restart_failed))
+                                  restart_failed=a.restart_failed,
+                                  secret_file=a.secret_file))
         except (OSError, ValueError) as e:  # a taken port, a bad option: one clear line
             print(f"minidist run: {e}", file=sys.stderr)
             return 1

@@ -110,6 +110,12 @@ class LaunchConfig:
     host_server: bool
     launcher: str
     host_agent: bool = False
+    # no MINIDIST_SECRET was given, so ``secret`` is derived from public variables:
+    # ``share_secret`` (every rank on this node) rank 0 draws a random one and the
+    # others read it from a file only this user can read (minidist.job_secret);
+    # ``public_secret`` (several nodes) the derived one is used, with a warning
+    share_secret: bool = False
+    public_secret: bool = False
 
 
 def _int(env: Mapping[str, str], *names: str, default: int | None = None) -> int | None:
@@ -250,7 +256,13 @@ def detect(env: Mapping[str, str], *, rank: int | None = None, world_size: int |
     if not 0 <= r < ws:
         raise ValueError(f"rank {r} is outside 0..{ws - 1}")
     agent = launcher not in ("minidist", "none") and lr == 0 and not host and lws < ws
+    derived = not env.get("MINIDIST_SECRET") and launcher not in ("minidist", "none")
+    one_node = lws == ws and (launcher != "explicit" or addr in ("127.0.0.1", "localhost"))
+    if launcher == "slurm":
+        one_node = one_node and nnodes == 1
     if lws < ws and addr in ("127.0.0.1", "localhost") and launcher in ("slurm", "mpirun"):
         raise ValueError(f"this {launcher} job spans several nodes ({lws} of {ws} ranks "
                          "here): set MASTER_ADDR to the address of the node of rank 0")
-    return LaunchConfig(r, ws, lr, lws, addr, port, secret, host, launcher, agent)
+    return LaunchConfig(r, ws, lr, lws, addr, port, secret, host, launcher, agent,
+                        share_secret=derived and one_node and ws > 1,
+                        public_secret=derived and not one_node)

@@ -63,6 +63,7 @@ class RunOptions:
     grace: float = 5.0
     prefix: bool = True
     log_dir: str | None = None  # also write each rank's output to <log_dir>/rank<k>.log
+    secret_file: str | None = None  # the job secret, read from this file (--secret-file)
     start_method: str = "fork"
     env: dict[str, str] = field(default_factory=dict)
     restart_failed: int = 0  # times a rank that died (or raised) is started again
@@ -91,10 +92,15 @@ class Launcher:
             raise ValueError("an arbitrary command needs --start-method spawn")
         self.opts = opts
         self.world_size = opts.nproc * opts.nnodes
-        self.secret = given_secret(os.environ) or (
+        self.secret = _secret_from_file(opts.secret_file) if opts.secret_file else \
+            given_secret(os.environ)
+        self.public_secret = self.secret is None and opts.nnodes > 1
+        if self.secret is None:
             # the nodes' launchers must agree without talking: derived, so not secret
-            hashlib.sha256(f"minidist:{opts.master_addr}:{opts.master_port}".encode())
-            .hexdigest() if opts.nnodes > 1 else secrets.token_hex(16))
+            # (a warning says so once the job starts)
+            self.secret = hashlib.sha256(
+                f"minidist:{opts.master_addr}:{opts.master_port}".encode()).hexdigest() \
+                if opts.nnodes > 1 else secrets.token_hex(16)
         self.children: list[_Child] = []
         self.first_failure: int | None = None  # the job's exit code once a rank failed
         self._failures: list[tuple[int, int]] = []  # (rank, code) of ranks that failed
@@ -150,6 +156,9 @@ class Launcher:
         self._listeners = bind_listeners("127.0.0.1" if o.nnodes == 1 else "0.0.0.0",
                                          o.master_port, addresses.job_key(self.secret.encode()))
         self.port = self._listeners[-1].getsockname()[1]
+        warning = self.secret_warning()
+        if warning:
+            self._note(warning)
         segments.sweep_orphans()  # names left by jobs whose every process was killed
         if o.start_method == "fork":
             _preload()
@@ -166,6 +175,18 @@ class Launcher:
             except OSError as e:  # the ranks already started die with this process
                 raise fdlimits.exhausted(e, f"starting rank {rank} of {self.world_size} "
                                          f"(its output pipes)") or e from None
+
+    def secret_warning(self) -> str | None:
+        """The warning the first node's launcher prints once when the job's secret is
+        derived from public options (several nodes, no secret given); else None."""
+        if not self.public_secret or self.opts.node_rank != 0:
+            return None
+        return ("warning: no MINIDIST_SECRET or --secret-file: this job's secret is "
+                "derived from --master-addr and --master-port, which anyone can compute, "
+                "so its port keeps no stranger out. Give every node's launcher the same "
+                "random secret: --secret-file PATH (e.g. made with `python -c \"import "
+                "secrets; print(secrets.token_hex(32))\" > PATH; chmod 600 PATH`) or "
+                "MINIDIST_SECRET")
 
     def _spawn(self, rank: int, local: int) -> _Child:
         o = self.opts
@@ -471,6 +492,23 @@ class Launcher:
     def _note(self, text: str) -> None:
         self._err.write(f"minidist run: {text}\n".encode())
         self._err.flush()
+
+
+def _secret_from_file(path: str) -> str:
+    """The job secret in ``path`` (its first line, stripped). ValueError if it is empty,
+    or if the file is readable by group or others (a secret they could read)."""
+    try:
+        st = os.stat(path)
+        with open(path) as f:
+            secret = f.readline().strip()
+    except OSError as e:
+        raise ValueError(f"--secret-file {path}: {e.strerror}") from None
+    if st.st_mode & 0o077:
+        raise ValueError(f"--secret-file {path} has mode {st.st_mode & 0o777:o}: other "
+                         f"users may read it; chmod 600 {path}")
+    if not secret:
+        raise ValueError(f"--secret-file {path} is empty")
+    return secret
 
 
 def _ranges(ranks: list[int]) -> str:

@@ -12,7 +12,7 @@ import logging
 import os
 from collections.abc import Callable
 
-from . import fdlimits
+from . import fdlimits, job_secret
 from .door import Door
 from .env import LaunchConfig, log_level
 from .rendezvous.server import RendezvousServer
@@ -47,6 +47,8 @@ async def join(cfg: LaunchConfig, timeout: float,
     once the other ranks have left. On failure, everything opened is closed again."""
     configure_logging(f"rank {cfg.rank}")
     fdlimits.raise_soft_limit()  # a rank holds a connection per peer it talks to
+    if cfg.share_secret or cfg.public_secret:  # no MINIDIST_SECRET: see job_secret
+        cfg = await asyncio.to_thread(job_secret.resolve, cfg, timeout)
     session = Session(cfg, timeout)
     session.server = server
     try:
@@ -54,6 +56,8 @@ async def join(cfg: LaunchConfig, timeout: float,
     except BaseException:
         await session.close(graceful=False)
         raise
+    finally:
+        job_secret.joined(cfg)  # every rank has read it (or this init failed)
     log.info("rank %d of %d joined the job (launcher: %s)", cfg.rank, cfg.world_size,
              cfg.launcher)
     return session
@@ -72,6 +76,7 @@ def start(cfg: LaunchConfig, timeout: float,
     it, and the door to both. With ``host`` (address, port; port 0: any free one), this
     process first runs the job's rendezvous there and calls ``announce(address, port)``
     so that the other ranks can find it (torch's store, for one)."""
+    cfg = job_secret.resolve(cfg, timeout)  # the secret a rendezvous hosted here needs
     runtime = Runtime()
     server = None
     try:
@@ -85,5 +90,6 @@ def start(cfg: LaunchConfig, timeout: float,
         if server is not None:
             runtime.call(server.close())
         runtime.stop()
+        job_secret.joined(cfg)
         raise
     return Door(session, runtime)
