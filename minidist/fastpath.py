@@ -238,7 +238,9 @@ def fence() -> None:
 
 
 def _mid_at(size: int) -> int:
-    return -(-size * 2 * SLOT // 4096) * 4096
+    from . import fast_rooted  # its area lies between the slots and the mid area
+
+    return -(-size * 2 * SLOT // 4096) * 4096 + fast_rooted.area_bytes(size)
 
 
 def room_bytes(size: int) -> int:
@@ -258,7 +260,7 @@ def segment_bytes(size: int) -> int:
     """The shared segment of a group of ``size`` ranks: its slots, then (for groups of at
     most MID_RANKS) the mid area. Pages that no call touches take no memory."""
     if size > MID_RANKS:
-        return size * 2 * SLOT
+        return _mid_at(size)  # the slots and the rooted calls' area (minidist.fast_rooted)
     return _mid_at(size) + 2 * (size + 1) * room_bytes(size)
 
 

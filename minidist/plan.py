@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import algorithms, collectives, fastpath, ops, wire
+from . import algorithms, collectives, fast_rooted, fastpath, ops, wire
 from .algorithms import cost
 from .algorithms import shm as shm_algorithm
 from .algorithms.schedule import Schedule
@@ -93,7 +93,8 @@ SHM_TAG = P2P_TAG_LIMIT + 1  # setting up a group's shared-memory segment
 SHM_BROADCAST_MIN_BYTES = 256 * 1024
 FAST_TAG = P2P_TAG_LIMIT + 2  # setting up a group's fast slots
 FAST_INDEX = 254  # the "algorithm" of a fast call (no frames carry it)
-FAST_KINDS = (wire.Kind.ALL_REDUCE, wire.Kind.BROADCAST, wire.Kind.BARRIER)
+FAST_KINDS = (wire.Kind.ALL_REDUCE, wire.Kind.BROADCAST, wire.Kind.BARRIER, wire.Kind.SCATTER,
+              wire.Kind.GATHER, wire.Kind.ALL_GATHER)  # see fastpath, fast_rooted
 PLAN_CACHE = 4096  # calls whose algorithm and schedule a session remembers
 
 
@@ -379,13 +380,15 @@ class Planner:
         collective = kind.name.lower()
         nbytes = count * dtype.itemsize
         direct = self._can_read(g)
-        if not (fastpath.takes(collective, g.size, nbytes, direct)
+        rooted = fast_rooted.takes(collective, g.size, nbytes)
+        if not ((rooted or fastpath.takes(collective, g.size, nbytes, direct))
                 and collective not in self._forced
                 and (self._one_node or len(set(self._layout(g))) == 1)):
             return ()
         digest = self._digest(shape)
         reads = fastpath.reads_peers(collective, nbytes, direct, g.size)
-        uses = fastpath.numbers(nbytes, dtype.itemsize, reads, g.size, collective)
+        uses = 1 if rooted else fastpath.numbers(nbytes, dtype.itemsize, reads, g.size,
+                                                 collective)
         name = "single_copy" if reads else "shared_slots"
         return ops.dtype_code(dtype), digest, reads, uses, name
 

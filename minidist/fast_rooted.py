@@ -1,0 +1,489 @@
+"""Small scatter, gather and all_gather on one node through shared memory, run by the
+caller's thread: the learner / env-worker step of an RL loop without socket or event loop.
+
+These calls share their group's fast-call numbers and its turn with
+:mod:`minidist.fastpath` (so every fast call of a group runs in one order on every
+rank) and use an area of their own after the fast slots in the same segment. A call of
+at most :func:`piece_bytes` per rank on a group of at most :data:`MAX_RANKS` ranks
+takes this path.
+
+Layout of the area: per rank and parity (fast call ``f`` uses parity ``f % 2``), a
+64-byte header (the layout of :mod:`minidist.fastpath`'s: the rank's *number* word,
+its call's signature, the *release*, *sleeping* and *arrived* words), then one *done*
+word (int64) per rank: the number of fast calls of the group it has finished, counted
+in this area; then per rank and parity one *piece* of :func:`piece_bytes` bytes: what
+goes to that rank (scatter) or comes from it (gather, all_gather).
+
+A call with root ``R`` (group rank 0 for all_gather):
+
+* every rank but ``R`` writes what it sends (gather, all_gather: its input into its
+  piece), its signature, then its number, then adds one to ``R``'s *arrived* count with
+  the kernel's atomic ``FUTEX_WAKE_OP``, which wakes ``R`` when the count becomes
+  complete (the last arriving rank wakes the root: one wake-up per call);
+* ``R`` writes what it sends (scatter: every rank's piece), its signature and number,
+  sleeps until its count is complete, sets it back to 0, compares every signature with
+  its own in one vectorised comparison, stores its *done* word and then (scatter,
+  all_gather) its *release* word, and wakes every sleeper on that word with one
+  ``FUTEX_WAKE``: all the workers of a scatter wait on that one word;
+* in a scatter or all_gather the others wait on the release word, compare their
+  signature with ``R``'s (``R`` stores the call's number in its *differs* word when any
+  differs: then every rank names the first that differs), and copy their piece(s) out;
+  in a gather they do not wait: ``R`` alone reads their pieces. A gather's sender whose
+  root arrived first compares the signatures at once and raises on a mismatch; one whose
+  root comes later hears of the root's mismatch through the group's abort (its array
+  was only read). Nobody's output array is written before its signature check passed.
+
+Memory ordering: as in :mod:`minidist.fastpath` (x86 TSO; each store and load is a
+separate call into numpy's C code, which the compiler does not reorder across; the
+kernel's futex calls are full fences, and the release's wake-up follows the same
+flag-and-fence protocol).
+
+Reuse. Every rank runs the group's fast calls in the same order, so each knows, for
+each parity, which call last used this area (its number, kind and root). Before call
+``f`` touches parity ``p``, a rank waits until every rank that read what it is about to
+overwrite has finished that last call ``f'`` (its *done* word is past ``f'``): always
+the root of ``f'`` (which read every header and, in a gather, every piece, and reset its
+count); every rank when ``f'`` was an all_gather (everyone read everyone's piece), when
+this rank was the root of ``f'`` (everyone read its header: its signature, release and
+differs words), or when this rank, as the root of a scatter, writes the others' pieces
+after a scatter (each read its own). A rank stores its *done* word only after its last load of the
+call (a scatter's or all_gather's root before its release word, so a rank that saw the
+release sees it). So a piece, header or count is never overwritten while someone may
+still read it. In the RL pattern (scatter, gather, scatter, ...) these words are
+already past by the time anyone looks: the root's scatter follows its gather, which
+needed every worker's arrival, and a worker's gather follows the scatter that its root
+released after finishing the gather before.
+
+A call that ends early on a rank (an error, a timeout, an interrupt) leaves that rank
+unable to write the area again: every later call of the group on this path refuses on
+it (``gave_up``, also when the group's fast slots gave up, see
+:mod:`minidist.fastpath`), so a rank that resumes after the others gave up on it never
+overwrites what another still reads.
+
+Every wait is bounded as in :mod:`minidist.fastpath`: a short spin or yield while the
+group fits the cores, then futex sleeps of at most 0.1 s between which the call's
+deadline, ranks that died or left, an abort of the group and the rendezvous are
+checked; after 1 s the call is reported to the rendezvous (the stall check). Idle
+waiters sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+
+import numpy as np
+
+from . import fastpath, ops
+from .errors import CollectiveMismatchError, again
+from .fastpath import (
+    ARRIVED,
+    DIFFERS,
+    RELEASE,
+    SLEEPING_RELEASE,
+    SLICE,
+    STALL_REPORT,
+    Hooks,
+    Patience,
+    fence,
+    futex_add,
+    futex_wait,
+    futex_wake,
+)
+from .group import Group
+
+MAX_RANKS = 1024  # FUTEX_WAKE_OP compares with a 12-bit number: at most 4097
+MAX_PIECE = 32 << 10  # the largest piece per rank (a stack of 84 x 84 frames fits)
+AREA_BUDGET = 9 << 20  # the pieces of a group's area, at most (pages untouched cost nothing)
+HEADER = 64
+_SIG = struct.Struct("<iiiiqIq")  # kind, dtype, op, root (group rank), count, shape, seq
+_KEY = 28  # the bytes of a signature compared: kind .. shape (not seq)
+BELL = 40  # a root waiting for a scatter's arrivals sleeps on this word of its header
+SLEEPING = 52  # ... and says so here
+SCATTER, GATHER, ALL_GATHER = 8, 7, 5  # wire.Kind values
+KINDS = (SCATTER, GATHER, ALL_GATHER)
+NAMES = {SCATTER: "scatter", GATHER: "gather", ALL_GATHER: "all_gather"}
+
+
+def piece_bytes(size: int) -> int:
+    """The largest share of one rank in a call on ``size`` ranks: MAX_PIECE, less on
+    groups so large that their pieces would pass AREA_BUDGET (a multiple of 64)."""
+    return max(64, min(MAX_PIECE, AREA_BUDGET // (2 * size)) // 64 * 64)
+
+
+def area_bytes(size: int) -> int:
+    """The bytes of the area of a group of ``size`` ranks."""
+    return _pieces_at(size) + 2 * size * piece_bytes(size)
+
+
+def _pieces_at(size: int) -> int:
+    return -(-(2 * size * HEADER + 8 * size) // 4096) * 4096
+
+
+def area_at(size: int) -> int:
+    """Where the area starts in the group's fast segment: after the fast slots, before
+    the mid area (:func:`minidist.fastpath.segment_bytes` counts it)."""
+    return -(-size * 2 * fastpath.SLOT // 4096) * 4096
+
+
+def takes(collective: str, size: int, nbytes: int) -> bool:
+    """Whether a ``collective`` with ``nbytes`` per rank (a scatter's output, a gather's
+    or all_gather's input) on ``size`` ranks of one node takes this path."""
+    return collective in ("scatter", "gather", "all_gather") and 2 <= size <= MAX_RANKS \
+        and nbytes <= piece_bytes(size)
+
+
+class Rooted:
+    """One group's rooted calls in its fast segment ``buf``, seen from group rank ``me``;
+    ``slots``: the group's :class:`fastpath.Slots` (whose give-up this honours)."""
+
+    def __init__(self, buf, group: Group, me: int, slots=None) -> None:
+        n = self.size = group.size
+        self.group, self.me, self.slots = group, me, slots
+        at = area_at(n)
+        self.mem = np.frombuffer(buf, np.uint8, area_bytes(n), at)
+        self.base = self.mem.ctypes.data
+        self.words = self.mem.view(np.int32)
+        self.heads = self.words[:2 * n * HEADER // 4].reshape(n, 2, HEADER // 4)
+        self.done = self.mem[2 * n * HEADER:2 * n * HEADER + 8 * n].view(np.int64)
+        self.piece = piece_bytes(n)
+        self.pieces = self.mem[_pieces_at(n):].reshape(2, n, self.piece)
+        self.mv = memoryview(self.mem)
+        self.sigs = [self.heads[:, p, 1:1 + _KEY // 4] for p in (0, 1)]
+        self.numbers = [self.heads[:, p, 0] for p in (0, 1)]
+        self.last: list[tuple[int, int, int] | None] = [None, None]  # (f, kind, root)
+        self.gave_up: BaseException | None = None
+        self.behind: tuple[int, int] | None = None  # see catch_up
+        self.patience = Patience()
+        self.patience.fit(n)
+        self.waits = 0
+
+    # ------------------------------------------------------------------ a call
+
+    def run(self, f: int, call, out: np.ndarray, src: np.ndarray, deadline: float,
+            hooks: Hooks) -> None:
+        """Run fast call number ``f`` of the group (a scatter, gather or all_gather):
+        ``src`` this rank's input (a scatter's: the whole input on the root, nothing
+        elsewhere), ``out`` where its result goes (a gather's: the whole output on the
+        root, nothing elsewhere)."""
+        gave_up = self.gave_up or getattr(self.slots, "gave_up", None)
+        if gave_up is not None:
+            raise again(gave_up, f"{call.describe()} on {self.group!r} (call #{call.seq}) "
+                        f"refused on rank {self.group.ranks[self.me]}: an earlier call on "
+                        "the group ended early on this rank")
+        try:
+            self.behind = None
+            self._run(f, call, out, src, deadline, hooks)
+        except BaseException as e:  # whatever ends a call early: this rank is done here
+            self.gave_up = e
+            raise
+
+    def _run(self, f: int, call, out: np.ndarray, src: np.ndarray, deadline: float,
+             hooks: Hooks) -> None:
+        n, me, kind = self.size, self.me, call.kind
+        parity, number = f % 2, (f + 1) & 0x7FFFFFFF
+        root = 0 if kind == ALL_GATHER else self.group.rank_of(call.root)
+        waits = (deadline, hooks, call)
+        last = self.last[parity]
+        if last is not None:
+            self._reuse(last, kind, root, waits)
+        self.last[parity] = (f, kind, root)
+        nb = out.nbytes if kind == SCATTER else src.nbytes
+        rows = self.pieces[parity]
+        sig = _SIG.pack(kind, call.dtype, call.op, root, call.count, call.shape, call.seq)
+        key = sig[:_KEY]
+        head = (root * 2 + parity) * HEADER
+        words, mv = self.words, self.mv
+        if me == root:
+            if kind == SCATTER:
+                rows[:, :nb] = src.view(np.uint8).reshape(n, nb)
+            elif kind == ALL_GATHER:
+                rows[me, :nb] = src.view(np.uint8)
+            mv[head + 4:head + 4 + _SIG.size] = sig
+            words[head // 4] = number  # after the pieces and the signature
+            if kind == SCATTER:  # the others say so in their number words
+                self._wait_all(parity, number, waits)
+            else:  # ... and count themselves in: the last one wakes this rank
+                self._wait(head // 4 + ARRIVED // 4, n - 1, None, None, parity, number,
+                           *waits)
+                words[head // 4 + ARRIVED // 4] = 0
+            bad = self._differing(parity, key)
+            if bad >= 0:
+                words[head // 4 + DIFFERS // 4] = number
+            if kind == GATHER:
+                if bad >= 0:
+                    self._finish(f)
+                    raise self._mismatch(call, bad, parity)
+                got = out.view(np.uint8).reshape(n, nb)
+                got[:] = rows[:, :nb]
+                got[me] = src.view(np.uint8)
+                self._finish(f)  # after the last load of the pieces
+                return
+            if kind == SCATTER:
+                if bad < 0:
+                    out.view(np.uint8)[:] = rows[me, :nb]
+                self._finish(f)  # before the release: a rank that sees it sees this
+                self._release(head, number)
+                if bad >= 0:
+                    raise self._mismatch(call, bad, parity)
+                return
+            self._release(head, number)  # all_gather: everyone copies, this rank too
+            if bad >= 0:
+                self._finish(f)
+                raise self._mismatch(call, bad, parity)
+            out.view(np.uint8).reshape(n, nb)[:] = rows[:, :nb]
+            self._finish(f)
+            return
+        at = (me * 2 + parity) * HEADER
+        if kind != SCATTER:
+            rows[me, :nb] = src.view(np.uint8)
+        mv[at + 4:at + 4 + _SIG.size] = sig
+        words[at // 4] = number  # after the piece and the signature
+        if kind == SCATTER:
+            fence()  # the number, then a look at the root's flag (see _wait_all)
+            if words[head // 4 + SLEEPING // 4]:
+                words[head // 4 + SLEEPING // 4] = 0
+                words[head // 4 + BELL // 4] = ((number << 10) + me) & 0x7FFFFFFF
+                futex_wake(self.base + head + BELL)
+        else:
+            futex_add(self.base + head + ARRIVED, n - 2)
+        if kind == GATHER:
+            differs = words[head // 4] == number and mv[head + 4:head + 4 + _KEY] != key
+            self._finish(f)
+            self.behind = (f, root)  # the others may still be in the call before
+            if differs:
+                raise self._mismatch(call, root, parity)
+            return
+        self._wait(head // 4 + RELEASE // 4, number, head // 4 + SLEEPING_RELEASE // 4,
+                   root, parity, number, *waits)
+        if words[head // 4 + DIFFERS // 4] == number or \
+                mv[head + 4:head + 4 + _KEY] != key:
+            bad = self._differing(parity, key)
+            self._finish(f)
+            raise self._mismatch(call, bad if bad >= 0 else root, parity)
+        if kind == SCATTER:
+            out.view(np.uint8)[:] = rows[me, :nb]
+        else:
+            out.view(np.uint8).reshape(n, nb)[:] = rows[:, :nb]
+        self._finish(f)
+
+    def _differing(self, parity: int, key: bytes) -> int:
+        """The first group rank whose signature of ``parity`` is not ``key`` (-1: none),
+        compared for all ranks at once."""
+        bad = (self.sigs[parity] != np.frombuffer(key, np.int32)).any(axis=1)
+        return int(bad.argmax()) if bad.any() else -1
+
+    def _finish(self, f: int) -> None:
+        """This rank is done with call ``f``: after its last load of the call."""
+        self.done[self.me] = f + 1
+
+    def _release(self, head: int, number: int) -> None:
+        """Store the call's number into the release word of the header at byte ``head``
+        and wake its sleepers (one system call for all), if any said they sleep."""
+        words = self.words
+        words[head // 4 + RELEASE // 4] = number
+        flag = head // 4 + SLEEPING_RELEASE // 4
+        fence()
+        if words[flag]:
+            words[flag] = 0
+            futex_wake(self.base + head + RELEASE)
+
+    # ------------------------------------------------------------------ reuse
+
+    def _reuse(self, last: tuple[int, int, int], kind: int, root: int,
+               waits: tuple) -> None:
+        """Wait until whoever read what this call overwrites finished reading it in the
+        ``last`` call (number, kind, root) of this parity (see the module)."""
+        lf, lkind, lroot = last
+        done = self.done
+        me = self.me
+        # everyone read everyone's piece, or this rank's header (its root's), or the
+        # pieces that this rank, the root of a scatter, overwrites
+        everyone = lkind == ALL_GATHER or lroot == me or (
+            kind == SCATTER and me == root and lkind == SCATTER)
+        if everyone:
+            if int(done.min()) > lf:
+                return
+        elif int(done[lroot]) > lf:
+            return
+        self._wait_done(lf, range(self.size) if everyone else (lroot,), waits)
+
+    def catch_up(self, deadline: float, hooks: Hooks, call) -> None:
+        """Before a call of the fast slots: if this rank's last fast call was a gather
+        it sent to (it did not wait for anyone), wait until that gather's root finished
+        it, which it did only once every rank had finished the call before. The slots'
+        reuse argument (:mod:`minidist.fastpath`) counts on every rank that finished
+        call ``f + 1`` knowing that all finished ``f``."""
+        if self.behind is not None:
+            f, root = self.behind
+            if int(self.done[root]) <= f:
+                self._wait_done(f, (root,), (deadline, hooks, call))
+            self.behind = None
+
+    def _wait_done(self, lf: int, who, waits: tuple) -> None:
+        """Until every rank of ``who`` finished call ``lf`` (rare: a root that scatters
+        twice in a row ahead of a slow reader): yield, then short sleeps."""
+        deadline, hooks, call = waits
+        pause = 20e-6
+        start = time.monotonic()
+        reported = False
+        while True:
+            late = [r for r in who if r != self.me and int(self.done[r]) <= lf]
+            if not late:
+                return
+            err = hooks.broken(call)
+            if err is None and hooks.anyone_gone():
+                for r in late:
+                    err = hooks.gone(self.group, self.group.ranks[r])
+                    if err is not None:
+                        break
+            if err is not None:
+                raise err
+            now = time.monotonic()
+            if now >= deadline:
+                raise hooks.timed_out(call, [self.group.ranks[r] for r in late])
+            if not reported and now - start >= STALL_REPORT:
+                reported = True
+                hooks.stalled(call)
+            os.sched_yield()
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+
+    # ------------------------------------------------------------------ waits
+
+    def _wait(self, word: int, want: int, flag: int | None, releaser: int | None,
+              parity: int, number: int, deadline: float, hooks: Hooks, call) -> None:
+        """Until the int32 ``word`` holds ``want`` (see :meth:`fastpath.Slots._wait`):
+        ``flag`` the word where a sleeper says so (None: the writer always wakes);
+        ``releaser`` the group rank that must store the word (checked for being gone)."""
+        words = self.words
+        if words[word] == want:
+            return
+        now = time.monotonic()
+        self.waits += 1
+        patience = self.patience
+        if self.waits % 1024 == 0:  # probe again: the machine may be quiet now
+            patience.fit(self.size, quiet=os.getloadavg()[0] < patience.cores)
+        if patience.wait(lambda: words[word] == want, now):
+            return
+        start, reported = now, False
+        addr = self.base + word * 4
+        while True:
+            seen = int(words[word])
+            if seen == want:
+                return
+            err = hooks.broken(call)
+            if err is None and hooks.anyone_gone():
+                for other in self._missing(parity, number, releaser):
+                    err = hooks.gone(self.group, self.group.ranks[other])
+                    if err is not None:
+                        break
+            if err is not None and words[word] != want:
+                raise err
+            now = time.monotonic()
+            if now >= deadline:
+                raise hooks.timed_out(call, [self.group.ranks[r] for r in
+                                             self._missing(parity, number, releaser)])
+            if not reported and now - start >= STALL_REPORT:
+                reported = True
+                hooks.stalled(call)
+            if flag is not None:
+                words[flag] = 1  # then the kernel's lock, then its look at the word
+            futex_wait(addr, seen, min(SLICE, deadline - now))
+
+    def _wait_all(self, parity: int, number: int, waits: tuple) -> None:
+        """Until every rank's number word of ``parity`` holds ``number`` (a scatter's
+        root). A sleeper reads its bell, then sets its flag and fences, then looks at the
+        numbers, then sleeps while the bell is unchanged; an arriving rank stores its
+        number, fences, then looks at the flag and, if set, stores a bell value of its
+        own (no earlier one is equal) and wakes. So either the root sees the number or
+        the rank sees the flag, and then the bell the root read is not the one it finds."""
+        nums, words = self.numbers[parity], self.words
+        if not (nums != number).any():
+            return
+        now = time.monotonic()
+        if self.patience.wait(lambda: not (nums != number).any(), now):
+            return
+        deadline, hooks, call = waits
+        head = (self.me * 2 + parity) * HEADER // 4
+        bell, flag = head + BELL // 4, head + SLEEPING // 4
+        start, reported = now, False
+        while True:
+            seen = int(words[bell])
+            words[flag] = 1
+            fence()
+            if not (nums != number).any():
+                words[flag] = 0
+                return
+            err = hooks.broken(call)
+            if err is None and hooks.anyone_gone():
+                for other in self._missing(parity, number, None):
+                    err = hooks.gone(self.group, self.group.ranks[other])
+                    if err is not None:
+                        break
+            if err is not None:
+                words[flag] = 0
+                raise err
+            now = time.monotonic()
+            if now >= deadline:
+                words[flag] = 0
+                raise hooks.timed_out(call, [self.group.ranks[r] for r in
+                                             self._missing(parity, number, None)])
+            if not reported and now - start >= STALL_REPORT:
+                reported = True
+                hooks.stalled(call)
+            futex_wait(self.base + bell * 4, seen, min(SLICE, deadline - now))
+
+    def _missing(self, parity: int, number: int, releaser: int | None) -> list[int]:
+        """The group ranks this call still waits for: those whose number is not the
+        call's (a root waiting for arrivals), or the releaser."""
+        if releaser is not None:
+            return [releaser]
+        nums = self.heads[:, parity, 0]
+        return [int(r) for r in np.flatnonzero(nums != number) if r != self.me]
+
+    def _mismatch(self, call, r: int, parity: int) -> CollectiveMismatchError:
+        kind, dtype, _op, root, count, _shape, _seq = _SIG.unpack_from(
+            self.mem, (r * 2 + parity) * HEADER + 4)
+        try:
+            dt = str(ops.dtype_from_code(dtype))
+        except ValueError:
+            dt = f"code {dtype}"
+        name = NAMES.get(kind, f"kind {kind}")
+        parts = [f"count={count}", f"dtype={dt}"]
+        if kind != ALL_GATHER and 0 <= root < self.size:
+            parts.append(f"root={self.group.ranks[root]}")
+        what = f"{name}({', '.join(parts)})"
+        return CollectiveMismatchError(
+            f"collective mismatch on {self.group!r} (call #{call.seq}): rank "
+            f"{self.group.ranks[r]} called {what} where rank "
+            f"{self.group.ranks[self.me]} called {call.describe()}; its output is unchanged")
+
+
+
+class Fast:
+    """A group's fast segment as one: its :class:`fastpath.Slots` and its
+    :class:`Rooted` area; :meth:`run` takes either kind of fast call. A call that ended
+    early on either makes both refuse from then on."""
+
+    def __init__(self, buf, group: Group, me: int) -> None:
+        self.slots = fastpath.Slots(buf, group, me)
+        self.rooted = Rooted(buf, group, me, self.slots)
+
+    @property
+    def gave_up(self) -> BaseException | None:
+        return getattr(self.slots, "gave_up", None) or self.rooted.gave_up
+
+    def run(self, f: int, call, out: np.ndarray, src: np.ndarray, op, deadline: float,
+            hooks: Hooks, reads: bool = False) -> None:
+        """Fast call number ``f`` (see :meth:`fastpath.Slots.run`)."""
+        if call.kind in KINDS:
+            self.rooted.run(f, call, out, src, deadline, hooks)
+            return
+        if self.rooted.gave_up is not None:
+            raise again(self.rooted.gave_up, f"{call.describe()} on {self.rooted.group!r} "
+                        f"(call #{call.seq}) refused: an earlier call on the group ended "
+                        "early on this rank")
+        self.rooted.catch_up(deadline, hooks, call)
+        self.slots.run(f, call, out, src, op, deadline, hooks, reads)
