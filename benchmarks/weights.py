@@ -10,9 +10,9 @@ machine). Per round:
 
 * ``publish CPU``: the CPU time of the learner's call (SharedArray.publish, broadcast,
   ray.put; every thread of the learner's process), and ``x memcpy``: that over the
-  CPU time of the memcpy just before it. Its wall time is shown too: on a machine with
-  fewer cores than workers the woken workers preempt the learner, so the wall time
-  holds their work as well;
+  CPU time of the memcpy just before it (the ratio of the medians). Its wall time is
+  shown too: on a machine with fewer cores than workers the woken workers preempt the
+  learner, so the wall time holds their work as well;
 * ``last worker at``: from the start of the learner's call to the last worker holding
   the version, and ``+``: that beyond the call's CPU time (what the workers add).
 
@@ -155,7 +155,7 @@ def job_gloo(sizes: list[float], rounds: int) -> None:
         n = int(mib * MIB) // 4
         before = memory()
         buf = torch.zeros(n, dtype=torch.float32)
-        ref = np.zeros(n, np.float32) if rank == 0 else None
+        ref = np.ones(n, np.float32) if rank == 0 else None  # faulted in
         times = []
         for k in range(1, rounds + 1):
             dist.barrier()
@@ -224,7 +224,7 @@ def run_ray(workers: int, sizes: list[float], rounds: int) -> None:
             n = int(mib * MIB) // 4
             ray.get([a.rebase.remote() for a in actors])
             buf = np.zeros(n, np.float32)
-            ref = np.zeros(n, np.float32)
+            ref = np.ones(n, np.float32)  # faulted in
             times = []
             for k in range(1, rounds + 1):
                 buf.fill(k)
@@ -291,7 +291,7 @@ def report(system: str, workers: int, mib: float, times: list, mems: list,
     the memcpy, CPU time of the call, time from the call's start to the last worker
     holding the version); ``mems`` per worker (PSS growth, USS growth, data correct)."""
     med = [statistics.median(t[i] for t in times) for i in range(4)]
-    ratios = statistics.median(t[2] / max(t[1], 1e-9) for t in times)
+    ratios = med[2] / max(med[1], 1e-9)  # the medians' ratio
     extra = statistics.median(t[3] - t[2] for t in times)
     pss = statistics.median(m[0] for m in mems)
     uss = statistics.median(m[1] for m in mems)
