@@ -8,6 +8,7 @@ run again alone (``--scenarios kill --seed SEED --first K --trials 1``).
     python benchmarks/chaos.py                                  # 10 trials of each
     python benchmarks/chaos.py --trials 50 --scenarios kill,leave -n 2,4,8,16
     python benchmarks/chaos.py --sizes 4,16M --seed 7 --json chaos.json
+    python benchmarks/chaos.py --scenarios shm_limits --shm 64m -n 16 --trials 20
 
 Columns:
 
@@ -147,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stop", type=float, default=0.0,
                     help="stall: keep the stopped rank stopped at least this many "
                     "seconds (default: until the others gave up and went on)")
+    ap.add_argument("--shm", default="", choices=("", "1m", "64m", "full", "roomy"),
+                    help="shm_limits: the /dev/shm its jobs get (1m, 64m, full: a tmpfs in "
+                    "a mount namespace, root only; roomy: this machine's); default: drawn")
     ap.add_argument("--by-n", action="store_true", help="one row per scenario and n")
     ap.add_argument("--json", metavar="PATH", help="also save every trial and the table")
     ap.add_argument("-v", "--verbose", action="store_true",
@@ -168,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     for name in names:
         for k in range(a.first, a.first + a.trials):
-            t = run(name, seed, k, opts)
+            t = run(name, seed, k, opts, **({"shm": a.shm} if a.shm and name == "shm_limits"
+                                            else {}))
             trials.append(t)
             state = ("skipped: " + t.skipped) if t.skipped else \
                 "ok" if t.ok else f"FAILED ({len(t.problems)}): {t.problems[0][:300]}"

@@ -22,7 +22,6 @@ from . import (
     algorithms,
     calibrate,
     env,
-    fast_rooted,
     fastpath,
     ops,
     peer_memory,
@@ -147,6 +146,7 @@ class Session:
                                  connect_timeout=self.timeout)
         engine.attach(self.endpoint, self.client)
         self.client.on_back = self.elastic.rank_back
+        self.client.on_lost = self._peer_lost
         await self.endpoint.start()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
@@ -177,6 +177,13 @@ class Session:
         if self.plan.fast and nodes.count(me) > 1 and not self.elastic.incarnation:
             self.p2p = FastP2P(self)  # (a restarted rank's messages go through sockets)
 
+    def _peer_lost(self, rank: int, reason: str) -> None:
+        """The rendezvous says ``rank`` died: the loop's calls fail at once, and the
+        fast calls sleeping on this rank's threads look again now."""
+        self.engine.peer_lost(rank, reason)
+        if self.plan.fast:
+            fastpath.wake_sleepers()
+
     def _read_key(self) -> str | None:
         """What a peer must share with this rank to read its vectors (None: no peer
         reads; see :mod:`minidist.peer_memory`)."""
@@ -195,7 +202,7 @@ class Session:
             self.p2p.close()
         self._fast.clear()
         for seg in [*self._segments.values(), *self._fast_maps]:
-            with contextlib.suppress(BufferError, AttributeError):  # None: none was had
+            with contextlib.suppress(BufferError):
                 seg.close()
         self._segments.clear()
         self._fast_maps.clear()
@@ -258,22 +265,22 @@ class Session:
             np.copyto(p.user, p.flat.reshape(p.user.shape))
         return payload
 
-    async def _segment(self, g: Group):
+    async def _segment(self, g: Group, half: int, need: int):
         """This group's shared-memory segment, set up on first use by every member: two
-        halves of SEGMENT_BYTES, used by the group's shared-memory calls in turn. None
-        (on every member) when its first rank had no room for it."""
-        if g.id in self._segments:
-            return self._segments[g.id]
-        leader = g.ranks[0]
-        try:
-            seg = await shm_setup.algorithm_segment(
-                self.job, self.rank, g, segments.segment_name(self.job, g.id, os.getpid()),
-                *self._setup_messages(g, SHM_TAG))
-        except FileNotFoundError:  # the first rank gave up on this call meanwhile
-            raise DistError(f"shared-memory set-up on {g!r} failed on rank {self.rank}: "
-                            f"rank {leader} abandoned it") from None
-        self._segments[g.id] = seg
-        return seg
+        halves of SEGMENT_BYTES, used by the group's shared-memory calls in turn; None
+        (on every member) if a call of ``need`` bytes has no room in half ``half``."""
+        seg = self._segments.get(g.id)
+        messages = self._setup_messages(g, SHM_TAG)
+        if seg is None:
+            try:
+                seg = self._segments[g.id] = await shm_setup.algorithm_segment(
+                    self.job, self.rank, g,
+                    segments.segment_name(self.job, g.id, os.getpid()), *messages)
+            except FileNotFoundError:  # the first rank gave up on this call meanwhile
+                raise DistError(f"shared-memory set-up on {g!r} failed on rank "
+                                f"{self.rank}: rank {g.ranks[0]} abandoned it") from None
+        ok = await seg.room_for(self.job, g, self.rank, half, need, *messages)
+        return seg.seg if ok else None
 
     def _setup_messages(self, g: Group, tag: int):
         """(send, recv) of a set-up's messages on ``g`` (bytes, from or to one rank)."""
@@ -342,7 +349,7 @@ class Session:
             self._fast[g.id] = None
             return
         self._fast_maps.append(seg)
-        self._fast[g.id] = fast_rooted.Fast(seg, g, g.rank_of(self.rank))
+        self._fast[g.id] = fastpath.Slots(seg, g, g.rank_of(self.rank))
 
     async def _fast_attach(self, p: Prepared, name: str, size: int, leader: int):
         """Map the fast segment ``name`` of ``p``'s group, which its first rank made."""
@@ -363,9 +370,8 @@ class Session:
         """Whether ``p``'s group's fast segment can run ``p`` (the same answer on every
         rank): else it runs over sockets (:meth:`_instead`)."""
         gid = p.call.group.id
-        return self._fast.get(gid) is not None and (
-            p.call.kind in fast_rooted.KINDS  # its area is in the slots' part
-            or shm_setup.fits(self._fast_room[gid], p.reads, p.bufs["out"].nbytes))
+        return self._fast.get(gid) is not None and shm_setup.fits(
+            self._fast_room[gid], p.reads, p.bufs["out"].nbytes)
 
     async def _instead(self, p: Prepared) -> None:
         """Run fast call ``p`` over sockets, as the socket path would have (every rank of
@@ -407,7 +413,7 @@ class Session:
             out = p.bufs["out"]
             if call.kind == wire.Kind.BROADCAST:
                 src = out if call.root == self.rank else out[:0]
-            elif call.kind == wire.Kind.ALL_REDUCE or call.kind in fast_rooted.KINDS:
+            elif call.kind == wire.Kind.ALL_REDUCE:
                 src = p.bufs["in"]
             else:
                 src = out[:0]
@@ -512,16 +518,17 @@ class Session:
             g = p.call.group
 
             async def map_segment() -> Schedule | None:
-                # inside the call: a rank that chose another algorithm is found out here
-                seg = await self._segment(g)
-                if seg is None:  # no room in /dev/shm: every rank runs this instead
-                    instead = self.plan.socket_schedule(p.call, p.bufs)
-                    p.bufs["tmp"] = np.empty(instead.tmp_size, out.dtype)
-                    return instead
                 # consecutive calls use the two halves in turn: a rank that finished this
                 # call may start the next before a slower one has copied out its result,
                 # and cannot start the one after before every rank finished this one
                 turn = self._shm_turns.get(g.id, 0)
+                # inside the call: a rank that chose another algorithm is found out here
+                seg = await self._segment(g, turn % 2, p.schedule.tmp_size * out.itemsize)
+                if seg is None:  # no room in /dev/shm: every rank runs this instead (and
+                    # the turn stays: only the calls that ran here take turns)
+                    instead = self.plan.socket_schedule(p.call, p.bufs)
+                    p.bufs["tmp"] = np.empty(instead.tmp_size, out.dtype)
+                    return instead
                 self._shm_turns[g.id] = turn + 1
                 p.bufs["tmp"] = np.frombuffer(seg, out.dtype, p.schedule.tmp_size,
                                               (turn % 2) * shm_algorithm.SEGMENT_BYTES)

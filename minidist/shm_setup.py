@@ -9,6 +9,11 @@ each member knows about the segment comes from the first rank alone, in the same
 message, so they cannot disagree. The first time any rank of a node finds no room, it
 prints one warning for the job (:func:`minidist.segments.warn_no_room`).
 
+The ``shared_memory`` algorithm's segment (:class:`AlgorithmSegment`) is reserved as its
+calls need it: a call that needs more than is reserved has its group's first rank
+reserve more first and tell the others how much there is, so all run it over sockets
+alike when there was no room.
+
 The fast segment (:mod:`minidist.fastpath`) is all reserved, else only its slots (the
 calls that need its mid area go over sockets), else none of it. When the ranks' keys
 say they may read each other's memory (:mod:`minidist.peer_memory`), the set-up also
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
 from collections.abc import Awaitable, Callable
 
 from . import fastpath, peer_memory, segments
@@ -105,34 +111,86 @@ async def join_fast(size: int, leader: int, send: Send, recv: Recv,
     return seg, mid == "1", reads
 
 
+class AlgorithmSegment:
+    """The segment of the ``shared_memory`` algorithm's calls on a group: two halves of
+    SEGMENT_BYTES (consecutive calls use them in turn), of which the first
+    ``reserved[h]`` bytes of half ``h`` have their memory. A call needs the first
+    ``tmp_size`` bytes of its half (its chunks are no longer than its vector); when that
+    is more, the first rank reserves more (it keeps the file open: ``fd``) and says how
+    much the half now has, so every member knows the same ``reserved`` and runs a call
+    over sockets alike when there was no room (:meth:`room_for`)."""
+
+    def __init__(self, seg: mmap.mmap, fd: int = -1) -> None:
+        self.seg, self.fd = seg, fd
+        self.reserved = [0, 0]
+        self.refused = 0  # calls that had to go over sockets
+
+    async def room_for(self, job: str, g: Group, me: int, half: int, need: int,
+                       send: Send, recv: Recv) -> bool:
+        """Whether a call of ``need`` bytes in half ``half`` may run in the segment (every
+        member asks at the same call, so they answer alike); the first rank tries to
+        reserve more when it is short."""
+        have = self.reserved[half]
+        if need <= have:
+            return True
+        leader = g.ranks[0]
+        if me == leader:
+            if self.fd >= 0:
+                have = _reserve(job, self.fd, half, have, need, g.size)
+            for r in g.ranks[1:]:
+                await send(str(have).encode(), r)
+        else:
+            have = int(await recv(leader))
+        self.reserved[half] = have
+        self.refused += need > have
+        return need <= have
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        with contextlib.suppress(BufferError):
+            self.seg.close()
+
+
+def _reserve(job: str, fd: int, half: int, have: int, need: int, size: int) -> int:
+    """Reserve the first ``need`` bytes (in powers of two from 1 MiB, at most a half) of
+    half ``half`` of an algorithm segment that has ``have``; what it now has."""
+    span = shm_algorithm.SEGMENT_BYTES
+    want = min(span, max(1 << 20, 1 << (need - 1).bit_length()))
+    try:
+        segments.reserve(fd, half * span + have, want - have, "the shared_memory algorithm")
+    except segments.NoRoom as e:
+        segments.warn_no_room(job, e, f"the shared-memory algorithm on a group of {size} "
+                              f"ranks (a call of {segments.mib(need)} per half)")
+        return have
+    return want
+
+
 async def algorithm_segment(job: str, me: int, g: Group, name: str, send: Send,
-                            recv: Recv) -> mmap.mmap | None:
-    """The segment of the ``shared_memory`` algorithm's calls on ``g`` (two halves of
-    SEGMENT_BYTES), or None (on every member) when its first rank had no room.
-    FileNotFoundError on a member if the first rank gave up meanwhile."""
+                            recv: Recv) -> AlgorithmSegment:
+    """Set up the algorithm segment of ``g`` (every member, at the group's first call of
+    the ``shared_memory`` algorithm), none of it reserved yet. FileNotFoundError on a
+    member if the first rank gave up meanwhile."""
     size = 2 * shm_algorithm.SEGMENT_BYTES
     leader = g.ranks[0]
     if me != leader:
         got = await recv(leader)
-        if got == NO_SEGMENT:
-            return None
         seg = segments.attach(got.decode(), size)
         await send(b"ok", leader)
-        return seg
-    try:
-        seg = segments.create(name, size)
-    except segments.NoRoom as e:
-        segments.warn_no_room(job, e, f"the shared-memory algorithm's segment of a group "
-                              f"of {g.size} ranks")
-        seg = None
+        return AlgorithmSegment(seg)
+    seg, fd = segments.create_open(name, size, reserved=0)
     try:
         for r in g.ranks[1:]:
-            await send(NO_SEGMENT if seg is None else name.encode(), r)
-        for r in g.ranks[1:] if seg is not None else ():
+            await send(name.encode(), r)
+        for r in g.ranks[1:]:
             await recv(r)
+    except BaseException:
+        os.close(fd)
+        raise
     finally:
         segments.unlink(name)
-    return seg
+    return AlgorithmSegment(seg, fd)
 
 
 def fits(room: tuple[bool, bool], reads: bool, nbytes: int) -> bool:

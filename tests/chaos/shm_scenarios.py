@@ -30,12 +30,14 @@ import sys
 
 from minidist import peer_memory
 
+from . import scenarios
 from .scenarios import SCRIPTS, Job, Options, Trial, job_env
 
 SIZES = (4, 4096, 64 << 10, 1 << 20, 16 << 20)
 P2P = 1 << 20
 SHMS = {"1m": (4, 16), "64m": (16, 64, 128), "full": (4, 16), "roomy": (4, 16)}
 WARNING = "minidist: warning:"
+LIMIT = 120  # seconds a job may take, plus 3 per rank (a shared 2-core machine is slow)
 _ns_allowed: str | None = None
 
 
@@ -73,8 +75,9 @@ def shm_limits(rng: random.Random, opts: Options, trial: Trial) -> None:
     ns = [n for n in (opts.ns or SHMS[shm]) if n >= 2]
     n = trial.params.pop("n", None) or rng.choice(ns or [4])
     refuse = trial.params.pop("refuse_reads", None)
-    sizes = [s for s in opts.sizes if s in SIZES] if opts.sizes != (4, 16 << 20) else SIZES
-    sizes = list(trial.params.pop("sizes", None) or sizes or SIZES)
+    # the default sizes of Options are the kill streams'; given ones are taken as they are
+    sizes = list(trial.params.pop("sizes", None)
+                 or (SIZES if opts.sizes == scenarios.SIZES else opts.sizes))
     trial.params.update(shm=shm, n=n, sizes=sizes, refuse_reads=refuse)
     if shm != "roomy" and namespace_refused():
         trial.skipped = namespace_refused()
@@ -84,9 +87,9 @@ def shm_limits(rng: random.Random, opts: Options, trial: Trial) -> None:
         p = {"sizes": sizes, "p2p": P2P, "refuse_reads": refuse}
         launcher = job._start(_command(shm, n, p), job_env(**dict(opts.env)), "launcher")
         try:
-            code = launcher.wait(60 + 2 * n)
+            code = launcher.wait(LIMIT + 3 * n)
         except subprocess.TimeoutExpired:
-            trial.flag("hang", f"the job did not end within {60 + 2 * n} s")
+            trial.flag("hang", f"the job did not end within {LIMIT + 3 * n} s")
             return
         job.track()
         check(trial, job, n, shm, refuse, code, sizes)

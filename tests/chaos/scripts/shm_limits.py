@@ -9,9 +9,10 @@ container's seccomp profile for a peer; ``"all"``: every read does, its own star
 too). Each rank prints one ``RESULT`` line: ``kind=none`` with ``checks`` (calls whose
 every element was checked), ``groups`` (its groups of two ranks or more), ``fast``
 (groups with fast slots), ``nofast`` (groups whose fast calls went over sockets),
-``nomid`` (groups whose fast segment had no mid area), ``segs``/``noseg`` (groups with /
-without a shared-memory algorithm segment), ``reads`` (groups whose ranks read each
-other's memory) and ``nop2p`` (1 if its inbox or stash could not be had), or the error.
+``nomid`` (groups whose fast segment had no mid area), ``segs``/``noseg`` (groups with a
+shared-memory algorithm segment / where a call had no room in it), ``reads`` (groups
+whose ranks read each other's memory) and ``nop2p`` (1 if its inbox or stash could not
+be had), or the error.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ try:
                 minidist.broadcast(y, src=root, group=g)
                 check(f"broadcast of {nbytes} B from {root} on {name}", y, pattern * (root + 1))
                 checks += 2
+            if p.get("progress") and rank == 0:
+                event("SIZE", nbytes=nbytes, step=step)
         if p.get("p2p") and world > 1:
             count = p["p2p"] // 4
             mine = np.full(count, rank + step, np.float32)
@@ -103,8 +106,8 @@ if session is not None:  # what this rank's groups had of shared memory
         out["fast" if slots is not None else "nofast"] += 1
         out["nomid"] += slots is not None and size_of.get(gid, 0) <= MID_RANKS and not mid
         out["reads"] += reads
-    out["segs"] = sum(1 for s in session._segments.values() if s is not None)
-    out["noseg"] = sum(1 for s in session._segments.values() if s is None)
+    out["segs"] = sum(1 for s in session._segments.values() if s.reserved)
+    out["noseg"] = sum(1 for s in session._segments.values() if s.refused)
     out["nop2p"] = int(session.p2p is not None and (session.p2p._no_inbox
                                                     or session.p2p._no_stash))
 result(rank, err, checks=checks, groups=sum(1 for _, _, m in groups if rank in m
