@@ -185,6 +185,30 @@ CATALOG: dict[str, Collective] = {c.name: c for c in (
             cat([flat[j][r * (flat[0].size // len(flat)):(r + 1) * (flat[0].size // len(flat))]
                   for j in range(len(flat))]) for r in range(len(flat))],
         split=True, moved=_share),
+    Collective(
+        "scan", 11, "rank r gets the reduction of the arrays of ranks 0..r (MPI_Scan)",
+        (("recursive_doubling", "scan.recursive_doubling"), ("linear", "scan.linear")),
+        _same, lambda flat, fold, cat, root: _prefix(flat, fold, exclusive=False),
+        reducing=True, in_place=True, moved=lambda n, N: N, contract=False,
+        refused_ops=("AVG",),
+        front=FrontEnd("scan", """Inclusive prefix reduction in place (MPI_Scan): group rank ``r``'s
+    ``array`` becomes ``op`` of the arrays of group ranks ``0 .. r``, folded lowest rank
+    first. With ``exclusive=True`` (MPI_Exscan) it becomes that of ranks ``0 .. r - 1``,
+    and group rank 0's the identity of ``op`` (0 for SUM, 1 for PRODUCT, the dtype's
+    largest value for MIN...). Every op but AVG, on every dtype it is defined on. With
+    ``async_op=True`` returns a Work; ``algorithm`` is ``"recursive_doubling"`` (the
+    default, ceil(log2 n) rounds) or ``"linear"`` (a chain, n - 1 rounds). A rank only
+    hears from the ranks before it, so a rank that called something else is detected by
+    the ranks after it (group rank 0 may raise on its next call instead).""",
+                       flag="exclusive", flagged="exscan")),
+    Collective(
+        "exscan", 12, "rank r gets the reduction of the arrays of ranks 0..r-1 (MPI_Exscan)",
+        (("recursive_doubling", "scan.exclusive_recursive_doubling"),
+         ("linear", "scan.exclusive_linear")),
+        lambda r, n, c, root: (c, c),
+        lambda flat, fold, cat, root: _prefix(flat, fold, exclusive=True),
+        reducing=True, moved=lambda n, N: N, contract=False, identity_first=True,
+        refused_ops=("AVG",)),
 )}
 """Every collective by name, in the order of their frame kinds."""
 
