@@ -11,7 +11,7 @@ import pytest
 import minidist
 
 PKG = Path(minidist.__file__).parent
-FRONT_ENDS = ["aio.py", "api.py", "objects.py", "kvstore.py", "torch", "ray"]
+FRONT_ENDS = ["aio.py", "api.py", "objects.py", "kvstore.py", "shared_array.py", "torch", "ray"]
 BELOW_THE_DOOR = ("minidist.engine", "minidist.rendezvous", "minidist.transport",
                   "minidist.session")
 PURE = ["wire.py", "plan.py", "algorithms/schedule.py", "algorithms/analysis.py",
