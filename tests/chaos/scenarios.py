@@ -1051,3 +1051,7 @@ SCENARIOS.update(SHM_SCENARIOS)
 from .elastic_scenarios import ELASTIC_SCENARIOS  # noqa: E402
 
 SCENARIOS.update(ELASTIC_SCENARIOS)
+
+from .env_scenarios import ENV_SCENARIOS  # noqa: E402 - forked children, nofile limits
+
+SCENARIOS.update(ENV_SCENARIOS)
