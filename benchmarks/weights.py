@@ -542,6 +542,7 @@ def _importable(name: str) -> bool:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # this checkout's minidist, as the jobs it starts use
     if "--role" in sys.argv and sys.argv[sys.argv.index("--role") + 1] == "ray-driver":
         a = sys.argv
         run_ray(int(a[a.index("--workers") + 1]), [float(s) for s in
