@@ -409,8 +409,10 @@ class Session:
                 src = p.bufs["in"]
             else:
                 src = out[:0]
-            if self._fast_fits(p):
-                self._fast[g.id].run(p.fast, call, out, src, p.op, deadline, hooks, p.reads)
+            slots = self._fast[g.id]
+            if slots is not None and (out.nbytes <= fastpath.SLOT_BYTES and not p.reads
+                                      or self._fast_fits(p)):  # (small calls: at once)
+                slots.run(p.fast, call, out, src, p.op, deadline, hooks, p.reads)
             else:  # no shared memory for it: over sockets, on the loop
                 asyncio.run_coroutine_threadsafe(self._instead(p), loop).result()
             if p.finish:
