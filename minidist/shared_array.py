@@ -381,6 +381,7 @@ class Shared:
 
     def _stop_relay(self) -> None:
         if self._relay is not None and self._loop is not None:
+            self._buf.fail()  # this node's readers get no more versions: they raise
             with contextlib.suppress(RuntimeError):  # the loop is gone already
                 self._loop.call_soon_threadsafe(self._relay.cancel)
 

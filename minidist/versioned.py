@@ -195,8 +195,8 @@ class NodeBuffers:
             if err is not None and words[LATEST] < version:
                 raise err
             if words[FAILED]:
-                raise DistError("the rank that brings versions to this node failed (see "
-                                "its error)")
+                raise DistError("the rank that brings versions to this node stopped (it "
+                                "closed the array, or receiving failed: see its error)")
             now = time.monotonic()
             if now >= deadline:
                 raise TimeoutError(seen)
