@@ -43,6 +43,15 @@ def test_a_killed_publisher_is_reported_to_every_waiting_reader():
     assert not leftovers(job_key(job.out))
 
 
+def test_a_killed_reader_does_not_hold_the_publisher_back():
+    with Job(3, SCRIPT, "reader_dies") as job:
+        job.wait(90)
+    done = [line for line in job.out.splitlines() if "PUBLISHED 3" in line]
+    assert done and float(done[0].split("after=")[1]) < 10, job.out[-3000:] + job.err[-3000:]
+    assert "READER OK" in job.out, job.out[-3000:]
+    assert not leftovers(job_key(job.out))
+
+
 def test_no_torn_version_while_the_publisher_runs_flat_out():
     with Job(4, SCRIPT, "stress", "4", "1") as job:
         rc = job.wait(90)

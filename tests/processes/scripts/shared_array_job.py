@@ -174,6 +174,34 @@ def hosts(versions: int, mib: float) -> None:
     print(f"HOSTS OK node={minidist.get_node_rank()}", flush=True)
 
 
+def reader_dies() -> None:
+    """Two buffers; rank 1 holds version 1's view and is killed: the publisher, which
+    needs that buffer for version 3, clears the dead reader's pin and goes on."""
+    shared = minidist.SharedArray("r", 4096, np.int64, src=0, buffers=2)
+    if rank == 0:
+        shared.publish(np.full(4096, 1, np.int64))
+    shared.wait(1, timeout=20)
+    view, v = shared.read()  # every rank holds version 1
+    minidist.barrier()
+    if rank == 1:
+        print("READY", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == 2:
+        shared.release()
+    if rank == 0:
+        shared.release()
+        shared.publish(np.full(4096, 2, np.int64))  # into version 0's buffer
+        t = time.monotonic()
+        shared.publish(np.full(4096, 3, np.int64))  # version 1's buffer: rank 1's pin
+        print(f"PUBLISHED 3 after={time.monotonic() - t:.2f}", flush=True)
+    else:
+        shared.wait(3, timeout=30)
+        view, v = shared.read()
+        assert v == 3 and (view == 3).all(), v
+        print("READER OK", flush=True)
+    os._exit(0)
+
+
 def leader_dies() -> None:
     """Two hosts of three ranks: the second host's leader (rank 3) is killed; the
     learner publishes on to the first host, the second host's readers hear it."""
@@ -209,6 +237,8 @@ elif mode == "kill":
     kill()
 elif mode == "stress":
     stress(float(sys.argv[2]), float(sys.argv[3]))
+elif mode == "reader_dies":
+    reader_dies()
 elif mode == "leader_dies":
     leader_dies()
 elif mode == "hosts":
