@@ -12,6 +12,7 @@ import concurrent.futures
 import os
 import sys
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -327,6 +328,27 @@ def recv(array: np.ndarray, src: int | None = None, tag: int = 0,
     item = d.plan.prepare_recv(array, src, tag, group)
     d.wait(item)
     return item.source
+
+
+def recv_many(output: np.ndarray, src: int | Sequence[int] | None = None, tag: int = 0,
+              group: GroupArg = None, async_op: bool = False) -> np.ndarray | Work:
+    """Receive the first ``k = output.shape[0]`` messages to arrive, each of the shape
+    ``output.shape[1:]`` and dtype of ``output``, from ``src`` (None: any other rank of
+    the group; a global rank; or a sequence of them) with ``tag``: ``output[i]`` gets
+    the ``i``-th to arrive. Returns the k senders (global ranks, an int64 array) in that
+    order; with ``async_op``, a Work whose ``result()`` they are.
+
+    Each sender's messages are taken in their order, as :func:`recv` with ``src=None``
+    takes them; a message is taken whole or not at all, and the ones not taken wait for
+    the next receive. CollectiveMismatchError names a message that does not fit (the
+    others this call took wait for the next receive); PeerLostError names a rank of
+    ``src`` that died or left; DistTimeoutError after the group's timeout.
+    """
+    d = door()
+    m = d.plan_many(output, src, tag, group)
+    if async_op:
+        return Work(d.submit_many(m))
+    return d.wait_many(m)
 
 
 def send_object(obj: Any, dst: int, tag: int = 0, group: GroupArg = None) -> None:

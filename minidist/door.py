@@ -25,7 +25,7 @@ import concurrent.futures
 from collections.abc import Coroutine
 from typing import Any
 
-from . import forkguard
+from . import first_k, forkguard
 from .errors import DistError, DistTimeoutError
 from .fast_p2p import NOT_TAKEN
 from .group import NON_GROUP_MEMBER, Group
@@ -183,6 +183,29 @@ class Door:
                             "minidist.aio calls need minidist.aio.init() instead")
         self._start(item)
         return await self._finish(item)
+
+    # ------------------------------------------------------------------ first k
+
+    def plan_many(self, output: Any, src: Any, tag: int, group: Any) -> first_k.Many:
+        """Check a recv_many (:func:`minidist.recv_many`), on the caller's thread."""
+        return first_k.prepare(self.plan, output, src, tag, group)
+
+    def wait_many(self, m: first_k.Many) -> Any:
+        """A recv_many from a blocking caller: in the inbox on this thread when it can,
+        else on the loop; the senders."""
+        runtime = self._blocking()
+        got = first_k.blocking(self._session, m, runtime.loop, NOT_TAKEN)
+        if got is NOT_TAKEN:
+            got = runtime.call(first_k.on_loop(self._session, m))
+        return got
+
+    def submit_many(self, m: first_k.Many) -> concurrent.futures.Future:
+        """Start a recv_many on the loop; the future completes with the senders."""
+        return self._blocking().submit(first_k.on_loop(self._session, m))
+
+    async def run_many(self, m: first_k.Many) -> Any:
+        """A recv_many on the session's own loop (minidist.aio); the senders."""
+        return await first_k.on_loop(self._session, m)
 
     def probe(self, src: int | None, tag: int, group: Group | object | None,
               wait: bool) -> Coroutine[Any, Any, int | None]:

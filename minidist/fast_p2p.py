@@ -205,7 +205,15 @@ class FastP2P:
         waiting in the inbox: None, or an object's bytes; :data:`NOT_TAKEN` if the loop
         must receive it instead (nothing was changed)."""
         src = p.peer
-        if src not in self.ring_of or self._no_inbox:
+        if src not in self.ring_of:
+            return NOT_TAKEN
+        return self.in_inbox(loop, lambda inbox: self._recv(p, inbox, src))
+
+    def in_inbox(self, loop: asyncio.AbstractEventLoop, receive):
+        """From the caller's thread: ``receive(inbox)`` (what it returns) while this
+        thread waits in this rank's inbox, opened first; :data:`NOT_TAKEN` if there is
+        none or another thread waits there (the loop must receive instead)."""
+        if self._no_inbox:
             return NOT_TAKEN
         if not self._receiver.acquire(blocking=False):
             return NOT_TAKEN  # another thread waits in the inbox: this one on the loop
@@ -220,7 +228,7 @@ class FastP2P:
             self.loop = loop
             self.waiting = True
             try:
-                return self._recv(p, self.inbox, src)
+                return receive(self.inbox)
             finally:
                 self.waiting = False
                 if self.mailbox.p2p_waiting():  # receives on the loop: the rings are theirs
