@@ -75,16 +75,18 @@ def shm_limits(rng: random.Random, opts: Options, trial: Trial) -> None:
     ns = [n for n in (opts.ns or SHMS[shm]) if n >= 2]
     n = trial.params.pop("n", None) or rng.choice(ns or [4])
     refuse = trial.params.pop("refuse_reads", None)
+    in_flight = bool(trial.params.pop("async", False))
     # the default sizes of Options are the kill streams'; given ones are taken as they are
     sizes = list(trial.params.pop("sizes", None)
                  or (SIZES if opts.sizes == scenarios.SIZES else opts.sizes))
-    trial.params.update(shm=shm, n=n, sizes=sizes, refuse_reads=refuse)
+    trial.params.update(shm=shm, n=n, sizes=sizes, refuse_reads=refuse, **(
+        {"async": True} if in_flight else {}))
     if shm != "roomy" and namespace_refused():
         trial.skipped = namespace_refused()
         return
     job = Job(trial.scenario)
     try:
-        p = {"sizes": sizes, "p2p": P2P, "refuse_reads": refuse}
+        p = {"sizes": sizes, "p2p": P2P, "refuse_reads": refuse, "async": in_flight}
         launcher = job._start(_command(shm, n, p), job_env(**dict(opts.env)), "launcher")
         try:
             code = launcher.wait(LIMIT + 3 * n)

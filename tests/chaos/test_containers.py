@@ -29,6 +29,12 @@ def test_a_small_dev_shm_gives_right_results_and_one_warning(chaos_seed, trial, 
     check(chaos_seed, trial, shm=shm, n=n)
 
 
+@pytest.mark.parametrize("trial,shm,n", [(8, "1m", 6), (9, "64m", 16)])
+def test_calls_in_flight_at_once_fall_back_together(chaos_seed, trial, shm, n):
+    # async_op=True: the fast calls run on threads of their own, the fallbacks on the loop
+    check(chaos_seed, trial, shm=shm, n=n, **{"async": True})
+
+
 def test_a_roomy_dev_shm_still_takes_the_fast_path_without_a_warning(chaos_seed):
     check(chaos_seed, 4, shm="roomy", n=4)
 

@@ -6,10 +6,11 @@ node). Parameters (JSON, first argument): ``sizes`` (bytes per call, float32), `
 ``p2p`` (bytes of each send/recv of a ring over the world; 0: none), ``refuse_reads``
 (``"peers"``: this process's reads of other processes fail with EPERM, as under a
 container's seccomp profile for a peer; ``"all"``: every read does, its own start-up probe
-too). Each rank prints one ``RESULT`` line: ``kind=none`` with ``checks`` (calls whose
-every element was checked), ``groups`` (its groups of two ranks or more), ``fast``
-(groups with fast slots), ``nofast`` (groups whose fast calls went over sockets),
-``nomid`` (groups whose fast segment had no mid area), ``segs``/``noseg`` (groups with a
+too), ``async`` (also every group's all_reduce with ``async_op=True``, all in flight).
+Each rank prints one ``RESULT`` line: ``kind=none`` with ``checks`` (calls whose every
+element was checked), ``groups`` (its groups of two ranks or more), ``fast`` (groups
+with fast slots), ``nofast`` (groups whose fast calls went over sockets), ``nomid``
+(groups whose fast segment had no mid area), ``segs``/``noseg`` (groups with a
 shared-memory algorithm segment / where a call had no room in it), ``reads`` (groups
 whose ranks read each other's memory) and ``nop2p`` (1 if its inbox or stash could not
 be had), or the error.
@@ -67,6 +68,15 @@ try:
         for nbytes in p["sizes"]:
             count = max(1, nbytes // 4)
             pattern = (np.arange(count) % 7 + 1).astype(np.float32)  # exact sums
+            if p.get("async"):  # every group's all_reduce in flight at once
+                mine = [(name, members, pattern * (rank + 1), g) for name, g, members in groups
+                        if rank in members and len(members) > 1]
+                works = [minidist.all_reduce(x, group=g, async_op=True) for _, _, x, g in mine]
+                for work, (name, members, x, _) in zip(works, mine):
+                    work.wait()
+                    check(f"async all_reduce of {nbytes} B on {name}", x,
+                          pattern * float(sum(m + 1 for m in members)))
+                    checks += 1
             for name, g, members in groups:
                 if rank not in members or len(members) < 2:
                     continue
