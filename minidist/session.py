@@ -22,6 +22,7 @@ from . import (
     algorithms,
     calibrate,
     env,
+    fast_rooted,
     fastpath,
     ops,
     peer_memory,
@@ -341,7 +342,7 @@ class Session:
             self._fast[g.id] = None
             return
         self._fast_maps.append(seg)
-        self._fast[g.id] = fastpath.Slots(seg, g, g.rank_of(self.rank))
+        self._fast[g.id] = fast_rooted.Fast(seg, g, g.rank_of(self.rank))
 
     async def _fast_attach(self, p: Prepared, name: str, size: int, leader: int):
         """Map the fast segment ``name`` of ``p``'s group, which its first rank made."""
@@ -362,8 +363,9 @@ class Session:
         """Whether ``p``'s group's fast segment can run ``p`` (the same answer on every
         rank): else it runs over sockets (:meth:`_instead`)."""
         gid = p.call.group.id
-        return self._fast.get(gid) is not None and shm_setup.fits(
-            self._fast_room[gid], p.reads, p.bufs["out"].nbytes)
+        return self._fast.get(gid) is not None and (
+            p.call.kind in fast_rooted.KINDS  # its area is in the slots' part
+            or shm_setup.fits(self._fast_room[gid], p.reads, p.bufs["out"].nbytes))
 
     async def _instead(self, p: Prepared) -> None:
         """Run fast call ``p`` over sockets, as the socket path would have (every rank of
@@ -405,7 +407,7 @@ class Session:
             out = p.bufs["out"]
             if call.kind == wire.Kind.BROADCAST:
                 src = out if call.root == self.rank else out[:0]
-            elif call.kind == wire.Kind.ALL_REDUCE:
+            elif call.kind == wire.Kind.ALL_REDUCE or call.kind in fast_rooted.KINDS:
                 src = p.bufs["in"]
             else:
                 src = out[:0]
