@@ -29,6 +29,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ._common import buffer_sizes, tmp_extent
+from .analysis import validate
+from .registry import ROOTED, make_schedule
 from .schedule import Buf, Copy, Recv, Reduce, Schedule, Send, Step
 
 PHASE_TAGS = 1 << 20
@@ -58,7 +60,6 @@ def part(collective: str, algorithm: object, ranks: Sequence[int], rank: int, co
     or a schedule function) run by the group ranks ``ranks``, or None when ``rank`` is
     not one of them. ``root`` is a group rank among ``ranks`` (default ``ranks[0]``;
     only rooted collectives use it); ``nodes`` the node of each rank of the sub-group."""
-    from . import ROOTED, make_schedule
 
     ranks = tuple(int(r) for r in ranks)
     if len(set(ranks)) != len(ranks):
@@ -137,7 +138,6 @@ def compose(collective: str, algorithm: str, rank: int, size: int, count: int,
     with :func:`~minidist.algorithms.validate`; whether it computes the collective is
     for :func:`~minidist.algorithms.verify` to say.
     """
-    from .analysis import validate
 
     steps: list[Step] = []
     need_tmp = 0

@@ -42,6 +42,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from .. import collectives
+from . import shm
+from .registry import make_schedule, schedules
 from .schedule import Reduce, Schedule, Send
 
 
@@ -286,8 +288,6 @@ def replay_call(collective: str, algorithm: object, size: int, count: int, c: Co
                 record: bool = False) -> Replay:
     """:func:`replay` of ``algorithm`` (a name or a schedule function) for ``size``
     ranks and ``count`` elements (as in :func:`~minidist.algorithms.make_schedule`)."""
-    from . import schedules
-
     layout = tuple(nodes) if nodes is not None else None
     scheds = schedules(collective, algorithm, size, count, root, nodes=layout,
                        itemsize=itemsize)
@@ -374,7 +374,6 @@ def _ops_estimate(algorithm: str, n: int, count: int, chunk: int) -> int:
 def _replayed(algorithm: str, n: int, count: int, itemsize: int, c: Costs,
               chunk: int) -> tuple[float, int]:
     """(seconds, messages) of a one-node all_reduce by replay (memoized)."""
-    from . import make_schedule, shm
 
     if algorithm == "shared_memory":
         scheds = [shm.shared_memory(r, n, count, chunk) for r in range(n)]
@@ -477,8 +476,6 @@ def predict_all_to_all(algorithm: str, n: int, count: int, c: Costs = DEFAULT,
 def _schedule_ops(collective: str, algorithm: str, n: int, count: int) -> int:
     """About how many operations the schedules of one call hold: rank 0's times ``n``
     (rank 0's schedule only is built: cheap even for thousands of ranks)."""
-    from . import make_schedule
-
     s = make_schedule(collective, algorithm, 0, n, count)
     return n * sum(len(st.comms) + len(st.compute) for st in s.steps)
 

@@ -15,6 +15,15 @@ import inspect
 import sys
 from collections.abc import Callable, Iterable
 
+from .registry import (
+    ALGORITHMS,
+    COLLECTIVES,
+    algorithm_function,
+    builtin,
+    collective_algorithms,
+    register,
+    unwrap,
+)
 from .schedule import Schedule
 
 __all__ = ["load_module", "load_modules", "resolve"]
@@ -74,8 +83,6 @@ def load_module(name: str) -> list[tuple[str, str]]:
     when a function annotated ``-> Schedule`` fails to build a schedule, or when a
     function's name is a built-in algorithm's.
     """
-    from . import _REGISTRY as registry
-    from . import ALGORITHMS, _unwrap, builtin, register
 
     try:
         module = _import(name)
@@ -83,7 +90,8 @@ def load_module(name: str) -> list[tuple[str, str]]:
         raise ImportError(f"cannot import algorithm module {name!r}: "
                           f"{type(e).__name__}: {e}") from e
     before = {c: set(names) for c, names in ALGORITHMS.items()}
-    known = {id(_unwrap(fn)) for algos in registry.values() for fn in algos.values()}
+    known = {id(unwrap(fn)) for c in COLLECTIVES
+             for fn in collective_algorithms(c).values()}
     for attr, obj in list(vars(module).items()):
         if (attr.startswith("_") or not inspect.isfunction(obj)
                 or obj.__module__ != module.__name__ or id(obj) in known):
@@ -113,7 +121,7 @@ def load_module(name: str) -> list[tuple[str, str]]:
         register(collective, attr, obj)
     return [(c, a) for c, names in ALGORITHMS.items() for a in names
             if a not in builtin(c) and (a not in before[c] or getattr(
-                _unwrap(registry[c][a]), "__module__", None) == module.__name__)]
+                unwrap(collective_algorithms(c)[a]), "__module__", None) == module.__name__)]
 
 
 def load_modules(names: Iterable[str]) -> list[tuple[str, str]]:
@@ -132,8 +140,6 @@ def resolve(collective: str, spec: str | Callable) -> str:
     (the module loaded with :func:`load_module`; the function registered under its own
     name for ``collective`` if the module did not register it). ValueError if the
     module has no such function or it is not known for ``collective``."""
-    from . import _REGISTRY as registry
-    from . import ALGORITHMS, _unwrap, register
 
     if callable(spec):
         fn, module_name, attr = spec, getattr(spec, "__module__", "?"), spec.__name__
@@ -146,15 +152,14 @@ def resolve(collective: str, spec: str | Callable) -> str:
             raise ValueError(f"module {module_name!r} has no function {attr!r}")
     else:
         if spec not in ALGORITHMS.get(collective, ()):
-            from . import _algorithm
-
-            _algorithm(collective, spec)  # raises, listing the known ones
+            algorithm_function(collective, spec)  # raises, listing the known ones
         return spec
-    for name, registered in registry.get(collective, {}).items():
-        if _unwrap(registered) is fn:
+    for name, registered in (collective_algorithms(collective).items()
+                             if collective in ALGORITHMS else ()):
+        if unwrap(registered) is fn:
             return name
-    for c, algos in registry.items():
-        if c != collective and any(_unwrap(f) is fn for f in algos.values()):
+    for c, algos in ((c, collective_algorithms(c)) for c in COLLECTIVES):
+        if c != collective and any(unwrap(f) is fn for f in algos.values()):
             raise ValueError(f"{module_name}:{attr} is a {c} algorithm, not a {collective} "
                              "one")
     register(collective, attr, fn)

@@ -167,3 +167,16 @@ def broadcast_default(rank: int, size: int, count: int, root: int = 0) -> Schedu
     """:func:`broadcast_shared_memory` in chunks of BROADCAST_CHUNK_BYTES of 4-byte
     elements."""
     return broadcast_shared_memory(rank, size, count, root, BROADCAST_CHUNK_BYTES // 4)
+
+
+def sized(collective: str, rank: int, size: int, count: int, root: int,
+          itemsize: int) -> Schedule:
+    """The shared_memory algorithm of ``collective`` (all_reduce or broadcast) in chunks
+    sized for elements of ``itemsize`` bytes, no longer than the vector (a short one
+    needs, and reserves, less memory)."""
+    if collective == "all_reduce":
+        return shared_memory(rank, size, count,
+                             min(chunk_elements(size, itemsize), max(1, count)))
+    return broadcast_shared_memory(rank, size, count, root,
+                                   min(max(1, BROADCAST_CHUNK_BYTES // itemsize),
+                                       max(1, count)))

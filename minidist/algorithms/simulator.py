@@ -23,8 +23,8 @@ import numpy as np
 
 from .. import collectives
 from ..ops import ReduceOp, check_op, finish, identity, reduce_into
-from . import IN_PLACE, REDUCING, make_schedule
 from .analysis import ScheduleError, stats, validate
+from .registry import ALGORITHMS, COLLECTIVES, IN_PLACE, REDUCING, as_function, make_schedule
 from .schedule import Copy, Recv, Reduce, Schedule, Send, apply_compute
 
 __all__ = [
@@ -549,11 +549,9 @@ def verify(
     :class:`Failure` naming N, count, root, rank and step: for a wrong result, the step
     that last wrote the first wrong element).
     """
-    from . import ALGORITHMS, COLLECTIVES, _as_function
-
     if collective not in ALGORITHMS:
         raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
-    name, _ = _as_function(collective, algorithm)
+    name, _ = as_function(collective, algorithm)
     sizes = tuple(int(n) for n in sizes)
     if not sizes or min(sizes) < 1:
         raise ValueError(f"sizes must be group sizes >= 1, not {sizes}")

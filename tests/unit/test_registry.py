@@ -23,7 +23,7 @@ from minidist.algorithms import (
 )
 
 COLLECTIVES = ("all_reduce", "broadcast", "barrier", "reduce", "all_gather", "reduce_scatter",
-               "gather", "scatter", "all_to_all")
+               "gather", "scatter", "all_to_all", "scan", "exscan")
 
 
 def test_collective_names() -> None:

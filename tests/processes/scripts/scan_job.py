@@ -38,7 +38,7 @@ def want(xs, r, op, exclusive):
 def cases():
     k = 0
     for op in UFUNC:
-        for code, dt in enumerate(ops.DTYPES):
+        for dt in ops.DTYPES:
             try:
                 ops.check_op(op, dt)
             except TypeError:
