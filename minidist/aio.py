@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import numpy as np
@@ -288,6 +288,17 @@ async def recv(array: np.ndarray, src: int | None = None, tag: int = 0,
     """See :func:`minidist.recv`; returns the sender's global rank."""
     d = _d()
     return await _received(d, d.plan.prepare_recv(array, src, tag, group))
+
+
+async def recv_many(output: np.ndarray, src: int | Sequence[int] | None = None, tag: int = 0,
+                    group: GroupArg = None, async_op: bool = False) -> np.ndarray | Handle:
+    """See :func:`minidist.recv_many`; the senders (global ranks, int64), or with
+    ``async_op`` a handle that gives them."""
+    d = _d()
+    m = d.plan_many(output, src, tag, group)
+    if async_op:
+        return Handle(asyncio.ensure_future(d.run_many(m)))
+    return await d.run_many(m)
 
 
 async def send_object(obj: Any, dst: int, tag: int = 0, group: GroupArg = None) -> None:

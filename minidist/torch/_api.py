@@ -473,7 +473,7 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
             raise ValueError("Argument ``gather_list`` must NOT be specified on "
                              "non-destination ranks.")
         gather_list = None
-    return _done(C.gather(tensor, gather_list, dst, g), async_op)
+    return _done(C.gather(tensor, gather_list, dst, g, not async_op), async_op)
 
 
 def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None,
@@ -488,7 +488,7 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
             raise ValueError("Argument ``scatter_list`` must NOT be specified on "
                              "non-source ranks.")
         scatter_list = None
-    return _done(C.scatter(tensor, scatter_list, src, g), async_op)
+    return _done(C.scatter(tensor, scatter_list, src, g, not async_op), async_op)
 
 
 def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[torch.Tensor],
@@ -544,6 +544,17 @@ def send(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: i
     w = isend(tensor, dst, group, tag, group_dst)
     if w is not None:
         w.wait()
+
+
+def recv_many(tensor: torch.Tensor, src: int | Sequence[int] | None = None, group: Any = None,
+              tag: int = 0, async_op: bool = False) -> torch.Tensor | md.Work | None:
+    """The first ``tensor.shape[0]`` messages to arrive into the rows of ``tensor`` (see
+    :func:`minidist.recv_many`); returns their senders (global ranks) as an int64
+    tensor, or with ``async_op`` a Work whose ``result()`` they are."""
+    g = _group(group)
+    if _skip(g, "recv_many"):
+        return None
+    return C.recv_many(tensor, src, tag, g, not async_op)
 
 
 def recv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0,

@@ -36,7 +36,7 @@ from ._tensors import (
     same_dtype,
     scratch_like,
 )
-from ._work import DONE, Blocking, Done, Work, run_blocking
+from ._work import DONE, Blocking, Done, Work, run_blocking, torch_worded
 
 # point-to-point tags of minidist's internal space (2**31 and up) used by this adapter
 TAG_COLLECTIVE = P2P_TAG_LIMIT + 0x7410  # all_to_all built on messages
@@ -373,7 +373,7 @@ def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op: Any,
 
 @_ordered
 def gather(t: torch.Tensor, outs: Sequence[torch.Tensor] | None, dst: int,
-           g: Group | None) -> Work:
+           g: Group | None, blocking: bool = False) -> Work | Blocking:
     what = "gather"
     _gpu_only(what, t, *(outs or []))
     check_tensor(t, what)
@@ -383,15 +383,15 @@ def gather(t: torch.Tensor, outs: Sequence[torch.Tensor] | None, dst: int,
             raise ValueError(f"{what}: the destination rank must pass gather_list")
         _check_blocks(what, outs, t, len(members(g)), "gather_list")
         buf, arr = scratch_like(t, len(outs))
-        w = md.gather(inp, arr, dst, g, async_op=True)
-        return Work(_futures(w), _copy_out(buf, outs), [list(outs)], what)
-    w = md.gather(inp, None, dst, g, async_op=True)
-    return Work(_futures(w), None, [], what)
+        item = md.door().plan.prepare_gather(inp, arr, dst, g, None)
+        return _issue(item, _copy_out(buf, outs), [list(outs)], what, blocking)
+    item = md.door().plan.prepare_gather(inp, None, dst, g, None)
+    return _issue(item, None, [], what, blocking)  # blocking and fast: this thread
 
 
 @_ordered
 def scatter(t: torch.Tensor, ins: Sequence[torch.Tensor] | None, src: int,
-            g: Group | None) -> Work:
+            g: Group | None, blocking: bool = False) -> Work | Blocking:
     what = "scatter"
     _gpu_only(what, t, *(ins or []))
     check_tensor(t, what)
@@ -402,8 +402,8 @@ def scatter(t: torch.Tensor, ins: Sequence[torch.Tensor] | None, src: int,
         _check_blocks(what, ins, t, len(members(g)), "scatter_list")
         inp = packed(list(ins), what)
     arr, post = as_output(t, what)
-    w = md.scatter(arr.reshape(-1), inp, src, g, async_op=True)
-    return Work(_futures(w), post, [t], what)
+    item = md.door().plan.prepare_scatter(arr.reshape(-1), inp, src, g, None)
+    return _issue(item, post, [t], what, blocking)  # blocking and fast: this thread
 
 
 # ---------------------------------------------------------------------- all_to_all
@@ -554,6 +554,29 @@ def recv(t: torch.Tensor, src: int, tag: int, g: Group | None) -> int:
         item = d.plan.prepare_recv(arr, src, tag, g)
     Blocking(d, item, post).wait()
     return src
+
+
+def recv_many(t: torch.Tensor, src: Any, tag: int, g: Group | None,
+              blocking: bool) -> torch.Tensor | md.Work:
+    """First-k receives into the rows of a CPU tensor (:func:`minidist.recv_many`):
+    blocking, the senders as an int64 tensor, received on the caller's thread; else a
+    minidist Work whose ``result()`` is them (numpy)."""
+    if _on_gpu(t):
+        raise NotImplementedError("recv_many: CPU tensors only (receive GPU tensors with "
+                                  "irecv)")
+    d = md.door()
+    with _order:
+        arr, post = as_output(t, "recv_many")
+        m = d.plan_many(arr, src, tag, g)
+    if blocking:
+        try:
+            senders = d.wait_many(m)
+        except DistTimeoutError as e:
+            raise torch_worded(e) from e.__cause__
+        if post is not None:
+            post()
+        return torch.from_numpy(senders)
+    return md.Work(d.submit_many(m), on_done=post)
 
 
 @_ordered

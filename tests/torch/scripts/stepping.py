@@ -1,0 +1,70 @@
+"""The RL step with torch tensors through ``import minidist.torch as dist`` (lockstep
+scatter + gather, then first-k with recv_many), and recv_many through minidist.aio on
+its own loop; every value checked. Prints "STEPPING OK" on rank 0 (argv: "torch" or
+"aio")."""
+
+import asyncio
+import sys
+
+import numpy as np
+import torch
+
+if sys.argv[1] == "torch":
+    import minidist.torch as dist
+
+    dist.init_process_group()
+    rank, n = dist.get_rank(), dist.get_world_size()
+    act = torch.zeros(1, dtype=torch.int64)
+    obs = torch.zeros(16, dtype=torch.float32)
+    for step in range(200):
+        acts = [torch.full((1,), step * 100 + r, dtype=torch.int64) for r in range(n)]
+        dist.scatter(act, acts if rank == 0 else None, src=0)
+        assert int(act) == step * 100 + rank, (act, step, rank)
+        obs.fill_(float(int(act)))
+        outs = [torch.zeros(16) for _ in range(n)] if rank == 0 else None
+        dist.gather(obs, outs, dst=0)
+        if rank == 0:
+            assert all(bool((o == step * 100 + r).all()) for r, o in enumerate(outs))
+    # first k: every worker sends 50 rows; the learner takes them 2 at a time
+    if rank == 0:
+        seen = {r: 0 for r in range(1, n)}
+        rows = torch.zeros((2, 16))
+        for _ in range(50 * (n - 1) // 2):
+            senders = dist.recv_many(rows)
+            assert senders.dtype == torch.int64 and senders.shape == (2,)
+            for row, s in zip(rows, senders.tolist(), strict=True):
+                assert bool((row == s * 1000 + seen[s]).all()), (row, s, seen[s])
+                seen[s] += 1
+        last = torch.zeros((1, 16))
+        s = int(dist.recv_many(last, async_op=True).result()[0])  # the one left
+        assert bool((last[0] == s * 1000 + seen[s]).all()), (last, s, seen[s])
+    else:
+        for i in range(51 if rank == 1 else 50):  # one more: the async recv_many's
+            dist.send(torch.full((16,), float(rank * 1000 + i)), 0)
+    dist.barrier()
+    if rank == 0:
+        print("STEPPING OK", flush=True)
+    dist.destroy_process_group()
+else:
+    import minidist.aio as aio
+
+    async def main() -> None:
+        await aio.init()
+        rank, n = aio.get_rank(), aio.get_world_size()
+        if rank == 0:
+            got = np.zeros((n - 1, 4), np.int64)
+            senders = await aio.recv_many(got, tag=5)
+            assert sorted(senders.tolist()) == list(range(1, n)), senders
+            for row, s in zip(got, senders.tolist(), strict=True):
+                assert (row == s).all()
+            h = await aio.recv_many(got[:1], src=[1], tag=6, async_op=True)
+            assert (await h.wait()).tolist() == [1]
+            print("STEPPING OK", flush=True)
+        else:
+            await aio.send(np.full(4, rank, np.int64), 0, tag=5)
+            if rank == 1:
+                await aio.send(np.full(4, 1, np.int64), 0, tag=6)
+        await aio.barrier()
+        await aio.destroy()
+
+    asyncio.run(main())
