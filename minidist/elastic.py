@@ -16,6 +16,7 @@ from typing import Any
 
 from .errors import DistError, DistTimeoutError
 from .group import Group, shrunk_group_id
+from .rendezvous.agreement import runs
 
 POLL = 0.05  # seconds between looks at the ranks' state while waiting for news
 
@@ -108,12 +109,12 @@ class Elastic:
         self._seq[key] = seq + 1
         if s.client is None:  # a world of one
             self._local_epoch += 1
-            return {"ranks": [r for r in g.ranks if r not in exclude], "value": flag,
-                    "epoch": self._local_epoch, "gone": []}
+            return {"excluded": exclude, "value": flag, "epoch": self._local_epoch,
+                    "gone": []}
         timeout = s.timeout_of(g)
         body = {"t": "agree", "kind": kind, "group": g.id, "seq": seq,
-                "ranks": list(g.ranks), "exclude": exclude, "flag": bool(flag),
-                "incarnations": list(g.incarnations or [0] * g.size)}
+                "runs": runs(g.ranks), "exclude": exclude, "flag": bool(flag),
+                "incarnations": {str(r): i for r, i in zip(g.ranks, g.incarnations) if i}}
         try:
             reply = await s.client.request(body, timeout=timeout)
         except DistTimeoutError:
@@ -130,7 +131,8 @@ class Elastic:
         if len(ex) >= g.size:
             raise ValueError(f"shrink_group: excluding {ex} leaves nobody in {g!r}")
         answer = await self._ask("shrink", g, ex, True, "shrink_group")
-        ranks = tuple(int(r) for r in answer["ranks"])
+        out = {*answer["excluded"], *answer["gone"]}
+        ranks = tuple(r for r in g.ranks if r not in out)
         if self.session.rank not in ranks:
             raise DistError(f"shrink_group on {g!r}: rank {self.session.rank} is not in the "
                             f"shrunk group {list(ranks)}")

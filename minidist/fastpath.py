@@ -205,11 +205,27 @@ def available() -> bool:
     return _LIBC is not None and os.path.isdir("/dev/shm")
 
 
+_SLEEPING: dict[int, int] = {}  # thread id -> the futex address it sleeps on
+
+
 def futex_wait(addr: int, seen: int, timeout: float) -> None:
-    """Sleep while the int32 at ``addr`` still holds ``seen`` (at most ``timeout``)."""
+    """Sleep while the int32 at ``addr`` still holds ``seen`` (at most ``timeout``, or
+    until :func:`wake_sleepers`)."""
     ts = _Timespec(int(timeout), int((timeout % 1) * 1e9))
-    _LIBC.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAIT, ctypes.c_int(seen),
-                  ctypes.byref(ts), None, 0)
+    tid = threading.get_ident()
+    _SLEEPING[tid] = addr
+    try:
+        _LIBC.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAIT, ctypes.c_int(seen),
+                      ctypes.byref(ts), None, 0)
+    finally:
+        _SLEEPING.pop(tid, None)
+
+
+def wake_sleepers() -> None:
+    """Wake every thread of this process that sleeps in :func:`futex_wait` (news of a
+    peer: it looks again now, not at the end of its slice)."""
+    for addr in list(_SLEEPING.values()):
+        futex_wake(addr)
 
 
 def futex_wake(addr: int) -> None:

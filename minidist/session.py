@@ -147,6 +147,7 @@ class Session:
                                  connect_timeout=self.timeout)
         engine.attach(self.endpoint, self.client)
         self.client.on_back = self.elastic.rank_back
+        self.client.on_lost = self._peer_lost
         await self.endpoint.start()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
@@ -176,6 +177,13 @@ class Session:
                 self.endpoint.remote[r] = (host or cfg.master_addr, port)
         if self.plan.fast and nodes.count(me) > 1 and not self.elastic.incarnation:
             self.p2p = FastP2P(self)  # (a restarted rank's messages go through sockets)
+
+    def _peer_lost(self, rank: int, reason: str) -> None:
+        """The rendezvous says ``rank`` died: the loop's calls fail at once, and the
+        fast calls sleeping on this rank's threads look again now."""
+        self.engine.peer_lost(rank, reason)
+        if self.plan.fast:
+            fastpath.wake_sleepers()
 
     def _read_key(self) -> str | None:
         """What a peer must share with this rank to read its vectors (None: no peer

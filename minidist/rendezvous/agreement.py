@@ -3,11 +3,11 @@
 The rendezvous already knows which ranks are alive, so it can decide for a group what
 ULFM's ``MPIX_Comm_shrink`` and ``MPIX_Comm_agree`` decide with a consensus among the
 ranks. Each surviving member asks once (``{"t": "agree", "kind": ..., "group": ...,
-"seq": ..., "ranks": [...], "exclude": [...], "flag": ...}``); once every member that is
-neither excluded nor known gone has asked, or died meanwhile, every caller gets the same
-answer: the members that are left (in group order), a new epoch, and the AND of the
-callers' flags. A member that dies while the others wait is dropped from the answer, as
-ULFM's shrink drops it.
+"seq": ..., "runs": [[first, last + 1], ...], "exclude": [...], "flag": ...}``); once
+every member that is neither excluded nor known gone has asked, or died meanwhile, every
+caller gets the same answer: which members are left out (the excluded ones, and those
+found gone), a new epoch, and the AND of the callers' flags. A member that dies while
+the others wait is left out of the answer, as ULFM's shrink leaves it out.
 """
 
 from __future__ import annotations
@@ -18,6 +18,30 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+
+def runs(ranks: list[int] | tuple[int, ...]) -> list[list[int]]:
+    """``ranks`` as [first, last + 1) runs of consecutive ranks (what a request carries:
+    a group of 1024 consecutive ranks is one pair, not 1024 numbers)."""
+    out: list[list[int]] = []
+    for r in ranks:
+        if out and out[-1][1] == r:
+            out[-1][1] = r + 1
+        else:
+            out.append([r, r + 1])
+    return out
+
+
+def expand(spans: list) -> tuple[int, ...]:
+    """The ranks of :func:`runs`' answer, in order; ValueError for anything else."""
+    out: list[int] = []
+    for span in spans:
+        a, b = span
+        if not isinstance(a, int) or not isinstance(b, int) or b <= a:
+            raise ValueError(f"bad run {span!r}")
+        out.extend(range(a, b))
+    return tuple(out)
+
+
 FINISHED_KEPT = 4096  # decided agreements remembered for a caller that comes late
 KINDS = ("shrink", "and")
 
@@ -27,6 +51,8 @@ class _Pending:
     members: tuple[int, ...]
     incarnations: dict[int, int]  # of each member when the agreement began
     exclude: set[int] = field(default_factory=set)
+    waiting: set[int] = field(default_factory=set)  # members still to ask (alive, kept)
+    spans: list = field(default_factory=list)  # the members as the callers sent them
     # rank -> (its client, its request id, its flag)
     asked: dict[int, tuple[Any, Any, bool]] = field(default_factory=dict)
 
@@ -44,16 +70,15 @@ class Agreements:
     def ask(self, client: Any, rank: int, b: dict[str, Any]) -> None:
         """A member asks (``client.send`` takes the reply)."""
         rid = b.get("id")
-        kind, ranks, exclude = b.get("kind"), b.get("ranks"), b.get("exclude", [])
-        if kind not in KINDS or not isinstance(ranks, list) or not isinstance(exclude, list) \
-                or not all(isinstance(r, int) for r in [*ranks, *exclude]):
+        kind, spans, exclude = b.get("kind"), b.get("runs"), b.get("exclude", [])
+        if kind not in KINDS or not isinstance(spans, list) or not isinstance(exclude, list) \
+                or not all(isinstance(r, int) for r in exclude):
             client.send({"t": "reply", "id": rid, "error": f"bad agreement request {b!r}"})
             return
         key = (kind, b.get("group"), b.get("seq"))
-        members = tuple(ranks)
         done = self._done.get(key)
         if done is not None:  # decided without this caller: it was taken for gone
-            if rank in done.get("ranks", ()) or kind == "and":
+            if rank not in done["gone"] and rank not in done["excluded"]:
                 client.send({"t": "reply", "id": rid, **done})
             else:
                 client.send({"t": "reply", "id": rid, "error": (
@@ -62,46 +87,58 @@ class Agreements:
             return
         p = self._pending.get(key)
         if p is None:
-            # the incarnations the group was made with: a member restarted since then is
-            # as gone for this group as a dead one
-            incs = b.get("incarnations") or [0] * len(members)
-            if not isinstance(incs, list) or len(incs) != len(members):
-                incs = [self._incarnation(r) for r in members]
-            p = self._pending[key] = _Pending(members, dict(zip(members, incs)))
-        elif p.members != members:
+            try:
+                members = expand(spans)
+            except (TypeError, ValueError):
+                client.send({"t": "reply", "id": rid,
+                             "error": f"bad agreement request {b!r}"})
+                return
+            # the incarnations the group was made with (those not 0): a member restarted
+            # since then is as gone for this group as a dead one
+            incs = b.get("incarnations") or {}
+            p = self._pending[key] = _Pending(
+                members, {r: int(incs.get(str(r), 0)) for r in members}, spans=spans)
+            p.waiting = {r for r in members if self._alive(p, r)}
+        elif p.spans != spans:
             client.send({"t": "reply", "id": rid, "error": (
-                f"{kind}: rank {rank} called it on members {list(members)}, another member "
-                f"on {list(p.members)}")})
+                f"{kind}: rank {rank} called it on members {expand(spans)}, another "
+                f"member on {list(p.members)}")})
             return
-        p.exclude.update(exclude)
-        if rank in p.exclude or rank not in members:
+        members = p.members
+        if rank in p.exclude or rank in exclude or rank not in p.incarnations:
             client.send({"t": "reply", "id": rid, "error": (
                 f"{kind}: rank {rank} is excluded from (or not a member of) the group it "
                 "called it on; only the members that stay call it")})
             return
+        p.exclude.update(exclude)
+        p.waiting.difference_update(exclude)
         p.asked[rank] = (client, rid, bool(b.get("flag", True)))
-        self._check(key, p)
+        p.waiting.discard(rank)
+        if not p.waiting:
+            self._decide(key, p)
 
     def gone(self, rank: int) -> None:
         """``rank`` died or left: agreements that waited for it may be decided now."""
         for key, p in list(self._pending.items()):
-            if rank in p.members:
-                self._check(key, p)
+            if rank in p.waiting:
+                p.waiting.discard(rank)
+                if not p.waiting:
+                    self._decide(key, p)
 
     def _alive(self, p: _Pending, rank: int) -> bool:
         inc = self._incarnation(rank)
         return inc is not None and inc == p.incarnations.get(rank)
 
-    def _check(self, key: tuple, p: _Pending) -> None:
-        waiting = [r for r in p.members
-                   if r not in p.exclude and r not in p.asked and self._alive(p, r)]
-        if waiting:
-            return
+    def _decide(self, key: tuple, p: _Pending) -> None:
+        """Every member that stays has asked, or is gone: answer them all alike."""
         del self._pending[key]
         left = [r for r in p.members if r in p.asked and self._alive(p, r)]
+        # the answer names what is left out (usually a few ranks), not what stays
+        stay = set(left)
         answer: dict[str, Any] = {
-            "ranks": left, "value": all(p.asked[r][2] for r in left),
-            "gone": [r for r in p.members if r not in left and r not in p.exclude],
+            "value": all(p.asked[r][2] for r in left),
+            "excluded": sorted(p.exclude),
+            "gone": [r for r in p.members if r not in stay and r not in p.exclude],
             "epoch": next(self._epochs) if key[0] == "shrink" else 0}
         self._done[key] = answer
         while len(self._done) > FINISHED_KEPT:
