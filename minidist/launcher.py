@@ -41,6 +41,7 @@ from .transport import addresses
 
 KILL_AFTER = 5.0
 AGENT_CONNECT_TIMEOUT = 120.0
+ORPHAN_AGE = 600.0  # seconds a dead process's segment name is kept from other jobs' sweeps
 
 
 @dataclass
@@ -159,7 +160,9 @@ class Launcher:
         warning = self.secret_warning()
         if warning:
             self._note(warning)
-        segments.sweep_orphans()  # names left by jobs whose every process was killed
+        # names left by jobs whose every process was killed (not a running job's stash
+        # of a sender killed just now, which its receivers may still read)
+        segments.sweep_orphans(older_than=ORPHAN_AGE)
         if o.start_method == "fork":
             _preload()
             gc.freeze()  # the children's collections leave the shared pages alone

@@ -14,6 +14,7 @@ import glob
 import mmap
 import os
 import sys
+import time
 
 SHM_DIR = "/dev/shm"
 WARNED = "-warned"  # the name's end of a job's marker that it warned (warn_once)
@@ -172,12 +173,17 @@ def sweep(job: str) -> list[str]:
     return removed
 
 
-def sweep_orphans(job: str | None = None) -> list[str]:
-    """Remove segment names (of one job, or of any job) whose creator has died: a name
-    lives only while its creator sets the segment up, so such a name is garbage. Names
-    of other users' segments that cannot be removed are left alone."""
+def sweep_orphans(job: str | None = None, older_than: float = 0.0) -> list[str]:
+    """Remove segment names (of one job, or of any job) whose creator has died and that
+    were last changed at least ``older_than`` seconds ago. Most names live only while
+    their creator sets the segment up; a stash of large messages keeps its name while its
+    sender lives and a little longer, so that a receiver can still take what a killed
+    sender left (which is why a sweep of every job's names, that a new launcher makes,
+    spares the recent ones). Names of other users' segments that cannot be removed are
+    left alone."""
     removed = []
     pattern = f"minidist-{job}-*" if job else "minidist-*"
+    now = time.time()
     for path in glob.glob(os.path.join(SHM_DIR, pattern)):
         try:
             pid = int(path.rsplit("-", 1)[1])
@@ -186,6 +192,8 @@ def sweep_orphans(job: str | None = None) -> list[str]:
         if alive(pid):
             continue
         with contextlib.suppress(FileNotFoundError, PermissionError):
+            if older_than and now - os.stat(path).st_mtime < older_than:
+                continue
             os.unlink(path)
             removed.append(os.path.basename(path))
     return removed
