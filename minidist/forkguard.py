@@ -30,7 +30,6 @@ import ctypes
 import gc
 import os
 import socket
-import sys
 import threading
 import types
 import weakref
@@ -134,8 +133,8 @@ def _close_sockets(roots: list[Any]) -> None:
     stack = list(roots)
     fds: set[int] = set()
     # modules' namespaces lead to everything the program holds (its own sockets too):
-    # never walked; a frame is walked through its locals only
-    seen.update(id(vars(m)) for m in list(sys.modules.values()) if m is not None)
+    # never walked (nor listed first: touching every module would copy its pages into
+    # the child); a frame is walked through its locals only
     # event loops are not walked either: minidist.aio's is the program's own
     skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
             threading.Thread, asyncio.AbstractEventLoop)
@@ -152,7 +151,8 @@ def _close_sockets(roots: list[Any]) -> None:
             if fd >= 0:
                 fds.add(fd)
             continue
-        if isinstance(obj, (str, bytes, int, float, bytearray, memoryview)):
+        if isinstance(obj, (str, bytes, int, float, bytearray, memoryview)) or (
+                type(obj) is dict and "__builtins__" in obj):  # a module's namespace
             continue
         stack.extend(gc.get_referents(obj))
     for fd in fds:

@@ -3,8 +3,9 @@
 argv: MODE TRIALS [CALLS]. Each trial, one rank (trial % world) starts a child by MODE and
 waits for it; then every rank runs CALLS all_reduces and checks every result. Modes:
 sys_exit, os_exit, exception, call (the child's minidist call must raise the fork
-error), sockets (the child holds none of the rank's sockets), init (child and grandchild form a job of their own), mp_fork, mp_forkserver,
-dataloader (torch, two workers), subprocess. Prints ``RESULT {json}`` per rank.
+error), sockets (the child holds none of the rank's sockets), init (child and
+grandchild form a job of their own), mp_fork, mp_forkserver, dataloader (torch, two
+workers), subprocess. Prints ``RESULT {json}`` per rank.
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ def child(mode: str) -> int:
 def main() -> None:
     mode, trials = sys.argv[1], int(sys.argv[2])
     calls = int(sys.argv[3]) if len(sys.argv) > 3 else 50
+    if mode == "dataloader":  # imported before the job: it takes seconds on a busy machine
+        import torch.utils.data  # noqa: F401
     md.init()
     rank, n = md.get_rank(), md.get_world_size()
     md.barrier()
