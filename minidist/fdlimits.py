@@ -91,6 +91,14 @@ def launcher_needs(nproc: int, log_dir: bool = False) -> int:
     return LAUNCHER_BASE + nproc * (LAUNCHER_PER_RANK + (2 if log_dir else 0))
 
 
+def rank_needs(local_world_size: int, hosts: bool) -> int:
+    """File descriptors a rank of a node of ``local_world_size`` ranks may hold at most:
+    a connection to each rank of its node (a group's first rank sets up the group's
+    shared memory with every member), and with ``hosts`` (it runs the rendezvous or its
+    node's agent) one more per rank of the node."""
+    return LAUNCHER_BASE + local_world_size * (2 if hosts else 1)
+
+
 def open_count() -> int:
     """How many file descriptors this process holds now (-1 if unknown)."""
     try:

@@ -46,7 +46,14 @@ async def join(cfg: LaunchConfig, timeout: float,
     come). ``server``: a rendezvous this process already runs, closed with the session
     once the other ranks have left. On failure, everything opened is closed again."""
     configure_logging(f"rank {cfg.rank}")
-    fdlimits.raise_soft_limit()  # a rank holds a connection per peer it talks to
+    # a rank holds a connection per peer it talks to: raise the soft limit, and fail
+    # now, naming the limit, if even the hard one cannot be enough
+    short = fdlimits.too_low(fdlimits.rank_needs(cfg.local_world_size, cfg.host_server or
+                                                 cfg.host_agent),
+                             f"rank {cfg.rank} of {cfg.world_size} "
+                             f"({cfg.local_world_size} on this node)")
+    if short is not None:
+        raise short
     if cfg.share_secret or cfg.public_secret:  # no MINIDIST_SECRET: see job_secret
         cfg = await asyncio.to_thread(job_secret.resolve, cfg, timeout)
     session = Session(cfg, timeout)

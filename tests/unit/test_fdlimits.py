@@ -55,3 +55,16 @@ def test_emfile_and_enfile_become_the_limit_error_and_nothing_else_does():
 def test_the_launchers_need_grows_with_ranks_and_log_files():
     assert fdlimits.launcher_needs(400) == fdlimits.LAUNCHER_BASE + 3 * 400
     assert fdlimits.launcher_needs(400, log_dir=True) == fdlimits.LAUNCHER_BASE + 5 * 400
+
+
+def test_a_rank_whose_hard_limit_cannot_hold_its_node_fails_at_init_naming_it():
+    code = ("import asyncio, minidist\nfrom minidist import env, startup\n"
+            "cfg = env.detect({'RANK': '0', 'WORLD_SIZE': '300', 'LOCAL_RANK': '0', "
+            "'LOCAL_WORLD_SIZE': '300', 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': '1', "
+            "'MINIDIST_SECRET': 'x'})\n"
+            "try:\n    asyncio.run(startup.join(cfg, 5))\n"
+            "except minidist.DistError as e:\n    print(type(e).__name__, e)\n")
+    out = _in_child(code, 200, 300)
+    need = fdlimits.rank_needs(300, True)
+    assert out.startswith("FileLimitError") and f"needs about {need}" in out, out
+    assert "most 300" in out and "ulimit -n" in out
