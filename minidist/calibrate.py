@@ -101,12 +101,13 @@ share cores as jobs do)."""
 
 
 def _job(quick: bool, timeout: float = 120.0) -> dict[str, dict[str, float]]:
-    """Run the timing worker (:func:`_worker`) as a real job of :data:`RANKS` processes
-    on this node (``minidist run``); what its rank 0 found, per case: ``wall`` (seconds
-    per call, the slowest rank's) and ``cpu`` (CPU seconds per call, both of a rank's
-    threads, the mean over ranks), medians over batches of calls; ``count``: elements."""
+    """Run the timing worker (:mod:`minidist.calibrate_job`) as a real job of
+    :data:`RANKS` processes on this node (``minidist run``); what its rank 0 found, per
+    case: ``wall`` (seconds per call, the slowest rank's) and ``cpu`` (CPU seconds per
+    call, both of a rank's threads, the mean over ranks), medians over batches of calls;
+    ``count``: elements."""
     cmd = [sys.executable, "-m", "minidist", "run", "-n", str(RANKS), "--no-prefix", "-m",
-           "minidist.calibrate", "--worker"] + (["--quick"] if quick else [])
+           "minidist.calibrate_job"] + (["--quick"] if quick else [])
     env = {**os.environ, "MINIDIST_FASTPATH": "0"}  # time the schedules, not the slots
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
@@ -115,52 +116,22 @@ def _job(quick: bool, timeout: float = 120.0) -> dict[str, dict[str, float]]:
         raise RuntimeError(f"calibrate: the timing job took more than {timeout:.0f} s") \
             from None
     for line in out.stdout.splitlines():
-        if line.startswith(_RESULT):
-            return json.loads(line[len(_RESULT):])
+        if line.startswith(RESULT):
+            return json.loads(line[len(RESULT):])
     raise RuntimeError(f"calibrate: the timing job failed (exit {out.returncode}): "
                        f"{(out.stderr or out.stdout).strip()[-500:]}")
 
 
-_RESULT = "minidist-calibration "
-_SMALL = 4  # elements: one per rank, so that the ring runs
+RESULT = "minidist-calibration "  # the timing job's rank 0 prints this, then its JSON
+SMALL = 4  # elements: one per rank, so that the ring runs
 
 
-def _cases(quick: bool) -> list[tuple[str, str, int]]:
+def cases(quick: bool) -> list[tuple[str, str, int]]:
+    """(name, algorithm, elements) of each timing in the job."""
     big = ((4 << 20) if quick else (16 << 20)) // 4
-    return [("rd", "recursive_doubling", _SMALL), ("ring", "ring", _SMALL),
-            ("shm", "shared_memory", _SMALL), ("rd_big", "recursive_doubling", big),
+    return [("rd", "recursive_doubling", SMALL), ("ring", "ring", SMALL),
+            ("shm", "shared_memory", SMALL), ("rd_big", "recursive_doubling", big),
             ("shm_big", "shared_memory", big)]
-
-
-def _worker(quick: bool) -> None:
-    """One rank of the timing job: minidist's own all_reduce through the blocking API,
-    as scripts call it (the caller's thread hands each call to the event loop), on the
-    socket path (recursive doubling and the ring: different numbers of messages) and
-    the shared-memory path, small and large."""
-    import minidist as md
-
-    md.init()
-    found = {}
-    for name, algorithm, count in _cases(quick):
-        a = np.zeros(count, np.float32)
-        small = count == _SMALL
-        batch, batches = (20, 8 if quick else 25) if small else (1, 4 if quick else 7)
-        for _ in range(3 if small else 1):
-            md.all_reduce(a, algorithm=algorithm)
-        walls, cpus = [], []
-        for _ in range(batches):
-            md.barrier()
-            w, c = time.perf_counter(), time.process_time()
-            for _ in range(batch):
-                md.all_reduce(a, algorithm=algorithm)
-            walls.append((time.perf_counter() - w) / batch)
-            cpus.append((time.process_time() - c) / batch)
-        both = md.all_gather_object((float(np.median(walls)), float(np.median(cpus))))
-        found[name] = {"wall": max(x[0] for x in both),
-                       "cpu": float(np.mean([x[1] for x in both])), "count": count}
-    if md.get_rank() == 0:
-        print(_RESULT + json.dumps(found), flush=True)
-    md.destroy()
 
 
 def _per_unit(algorithm: str, count: int, **unit: float) -> float:
@@ -230,7 +201,3 @@ def measure(quick: bool = False) -> Costs:
     found = _job(quick)
     return Costs(**_fit(found, gamma, sigma, delta), gamma=gamma, sigma=sigma,
                  cores=os.cpu_count() or 1)
-
-
-if __name__ == "__main__" and "--worker" in sys.argv:
-    _worker("--quick" in sys.argv)
