@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from . import fastpath, objects, segments, versioned
+from . import api, fastpath, objects, segments, versioned
 from .door import Door
 from .errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError
 from .group import Group
@@ -403,8 +403,6 @@ class SharedArray(Shared):
 
     def __init__(self, name: str, shape: Any, dtype: Any, src: int = 0,
                  group: Any = None, *, buffers: int = DEFAULT_BUFFERS) -> None:
-        from . import api
-
         d = api.door()
         lay, buf = d.block(setup(d, name, shape, dtype, src, group, buffers))
         super().__init__(d, lay, buf)
