@@ -138,7 +138,8 @@ def exhausted(err: BaseException, what: str) -> FileLimitError | None:
         text = (f"the system ran out of file descriptors (ENFILE) while {what}: raise "
                 "fs.file-max (sysctl), or run fewer processes")
     else:
-        text = (f"too many open files (EMFILE) while {what}: this process holds {held} "
+        holds = f"holds {held}" if held >= 0 else "holds all it may"
+        text = (f"too many open files (EMFILE) while {what}: this process {holds} "
                 f"and may hold at most {soft} (RLIMIT_NOFILE soft {soft}, hard "
                 f"{'unlimited' if hard < 0 else hard}); raise the limit before starting "
                 f"the job (`ulimit -n {max(2 * max(soft, 1024), held + 1024)}`)")

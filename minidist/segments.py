@@ -16,6 +16,8 @@ import os
 import sys
 import time
 
+from . import fdlimits
+
 SHM_DIR = "/dev/shm"
 WARNED = "-warned"  # the name's end of a job's marker that it warned (warn_once)
 HEADROOM_FRACTION = 16  # a segment is refused if less than 1/16 of /dev/shm stays free
@@ -108,12 +110,14 @@ def create(name: str, size: int, reserved: int | None = None) -> mmap.mmap:
 def create_open(name: str, size: int, reserved: int | None = None) -> tuple[mmap.mmap, int]:
     """:func:`create`, and the segment's file descriptor (the caller closes it), for
     reserving the rest later."""
-    fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    with _no_descriptors(f"creating the shared-memory segment {name}"):
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, size)
         reserve(fd, 0, size if reserved is None else min(reserved, size),
                 f"shared-memory segment {name}")
-        return mmap.mmap(fd, size), fd
+        with _no_descriptors(f"mapping the shared-memory segment {name}"):
+            return mmap.mmap(fd, size), fd
     except BaseException:
         os.close(fd)
         unlink(name)
@@ -121,12 +125,28 @@ def create_open(name: str, size: int, reserved: int | None = None) -> tuple[mmap
 
 
 def attach(name: str, size: int) -> mmap.mmap:
-    """Map an existing segment."""
-    fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+    """Map an existing segment (FileLimitError when this process is out of file
+    descriptors)."""
+    with _no_descriptors(f"opening the shared-memory segment {name}"):
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
     try:
-        return mmap.mmap(fd, size)
+        with _no_descriptors(f"mapping the shared-memory segment {name}"):
+            return mmap.mmap(fd, size)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def _no_descriptors(what: str):
+    """EMFILE/ENFILE inside becomes :class:`minidist.fdlimits.FileLimitError` (an
+    OSError with the same errno), naming the limit and ``ulimit -n``."""
+    try:
+        yield
+    except OSError as e:
+        err = fdlimits.exhausted(e, what)
+        if err is None or err is e:
+            raise
+        raise err from None
 
 
 def unlink(name: str) -> None:

@@ -68,3 +68,21 @@ def test_a_rank_whose_hard_limit_cannot_hold_its_node_fails_at_init_naming_it():
     need = fdlimits.rank_needs(300, True)
     assert out.startswith("FileLimitError") and f"needs about {need}" in out, out
     assert "most 300" in out and "ulimit -n" in out
+
+
+def test_a_shared_memory_segment_opened_without_descriptors_names_the_limit():
+    code = ("import os, resource\nfrom minidist import fdlimits, segments\n"
+            "name = f'minidist-test-emfile-{os.getpid()}'\n"
+            "segments.create(name, 4096).close()\n"
+            "soft = len(os.listdir('/proc/self/fd')) + 2\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (soft, 4096))\n"
+            "held = []\n"
+            "try:\n    while True:\n        held.append(os.open(os.devnull, os.O_RDONLY))\n"
+            "except OSError:\n    pass\n"
+            "try:\n    segments.attach(name, 4096)\n"
+            "except fdlimits.FileLimitError as e:\n    print('LIMIT', e.errno, e)\n"
+            "finally:\n    [os.close(fd) for fd in held]\n    segments.unlink(name)\n")
+    out = _in_child(code, 1024, 4096)
+    assert out.startswith(f"LIMIT {errno.EMFILE} too many open files (EMFILE) while opening "
+                          "the shared-memory segment"), out
+    assert "ulimit -n" in out and "holds all it may" in out
