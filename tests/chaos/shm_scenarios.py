@@ -4,7 +4,9 @@ and with ``process_vm_readv`` refused. Registered in ``scenarios.SCENARIOS`` (ru
 
 A small /dev/shm is a tmpfs of ``1m`` or ``64m`` (Docker's default) mounted over
 /dev/shm in a mount namespace of the job's own (``unshare -m``; root only), ``full`` is
-a 64 MiB one that a file fills before the job starts. The job (``scripts/shm_limits.py``)
+a 64 MiB one that a file fills before the job starts; in these, as in a Docker
+container's default seccomp profile, ``process_vm_readv`` is refused too (unless the
+trial says otherwise). The job (``scripts/shm_limits.py``)
 runs all_reduce and broadcast of 4 B to 16 MiB on every group of the RL layout (world,
 agents, env workers, this node's workers) and a 1 MiB send/recv ring over the world,
 checking every element. The contract:
@@ -74,7 +76,9 @@ def shm_limits(rng: random.Random, opts: Options, trial: Trial) -> None:
     shm = trial.params.pop("shm", None) or rng.choice(list(SHMS))
     ns = [n for n in (opts.ns or SHMS[shm]) if n >= 2]
     n = trial.params.pop("n", None) or rng.choice(ns or [4])
-    refuse = trial.params.pop("refuse_reads", None)
+    # a container: its seccomp profile refuses process_vm_readv too (Docker's default),
+    # so the large all_reduces need the shared memory (or the sockets) as well
+    refuse = trial.params.pop("refuse_reads", "all" if shm in ("1m", "64m", "full") else None)
     in_flight = bool(trial.params.pop("async", False))
     # the default sizes of Options are the kill streams'; given ones are taken as they are
     sizes = list(trial.params.pop("sizes", None)
