@@ -17,12 +17,16 @@ goes to that rank (scatter) or comes from it (gather, all_gather).
 A call with root ``R`` (group rank 0 for all_gather):
 
 * every rank but ``R`` writes what it sends (gather, all_gather: its input into its
-  piece), its signature, then its number, then adds one to ``R``'s *arrived* count with
-  the kernel's atomic ``FUTEX_WAKE_OP``, which wakes ``R`` when the count becomes
-  complete (the last arriving rank wakes the root: one wake-up per call);
+  piece), its signature, then its number; in a gather or all_gather it then adds one to
+  ``R``'s *arrived* count with the kernel's atomic ``FUTEX_WAKE_OP``, which wakes ``R``
+  when the count becomes complete (the last sender wakes the root: one wake-up per
+  call); in a scatter (where ``R`` has usually been waiting for nobody: the workers
+  arrive while it gathers) it only wakes ``R`` if ``R`` said it sleeps (its *sleeping*
+  flag; see :meth:`Rooted._wait_all` for the bell and the fences);
 * ``R`` writes what it sends (scatter: every rank's piece), its signature and number,
-  sleeps until its count is complete, sets it back to 0, compares every signature with
-  its own in one vectorised comparison, stores its *done* word and then (scatter,
+  waits until every rank arrived (gather, all_gather: its count is complete, and it sets
+  it back to 0; scatter: every number word holds the call's), compares every signature
+  with its own in one vectorised comparison, stores its *done* word and then (scatter,
   all_gather) its *release* word, and wakes every sleeper on that word with one
   ``FUTEX_WAKE``: all the workers of a scatter wait on that one word;
 * in a scatter or all_gather the others wait on the release word, compare their
