@@ -261,7 +261,7 @@ class FastP2P:
                 raise err
             now = time.monotonic()
             if now >= deadline:
-                self.engine._give_back_p2p_seq(p)
+                self.engine.give_back_p2p_seq(p)
                 raise DistTimeoutError(
                     f"recv on rank {self.rank} from rank {src} ({tag_name(p.tag)}) timed "
                     f"out after {timeout:g} s: no matching send", collective="recv",

@@ -97,11 +97,11 @@ def prepare(plan: Planner, output: np.ndarray, src: int | object, tag: int,
 
 
 def _expected(engine, m: Many, src: int) -> int:
-    return engine._p2p_seq.get((m.group.id, src, m.tag, False), 0)
+    return engine.p2p_seqs.get((m.group.id, src, m.tag, False), 0)
 
 
 def _took(engine, m: Many, src: int, seq: int) -> None:
-    engine._p2p_seq[(m.group.id, src, m.tag, False)] = seq + 1
+    engine.p2p_seqs[(m.group.id, src, m.tag, False)] = seq + 1
 
 
 def _fill(engine, m: Many, h: wire.Header, payload, into_done: bool) -> None:
@@ -197,7 +197,7 @@ def give_back(mailbox, m: Many, loop: asyncio.AbstractEventLoop | None, engine) 
             # that go back take the numbers up to it, so the next one still follows
             h = h._replace(seq=h.seq + 1)
         back[h.src] = min(h.seq, back.get(h.src, h.seq))
-        engine._p2p_seq[(m.group.id, h.src, m.tag, False)] = back[h.src]
+        engine.p2p_seqs[(m.group.id, h.src, m.tag, False)] = back[h.src]
         if loop is None:  # (the payload row was taken whole; the header says its size)
             mailbox.deposit(h, payload)
         else:
@@ -210,7 +210,7 @@ def _refusal(engine, mailbox, m: Many) -> DistError | None:
     """Why the call cannot finish: the rendezvous is lost, or a rank of the set died or
     left with nothing of it waiting here."""
     if engine.rendezvous_lost is not None:
-        return engine._no_rendezvous("recv_many")
+        return engine.no_rendezvous("recv_many")
     for r in m.ranks:
         dead = mailbox.is_dead(r)
         if isinstance(dead, DistError):

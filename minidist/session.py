@@ -63,14 +63,14 @@ class _FastHooks:
         return self.session._fast_refusal(group, rank)
 
     def broken(self, call) -> DistError | None:
-        return self.session.engine._refusal(call, consume=False)
+        return self.session.engine.refusal(call, consume=False)
 
     def anyone_gone(self) -> bool:
         engine = self.session.engine
         return bool(engine.lost or engine.left or engine.died)
 
     def stalled(self, call) -> None:
-        self.loop.call_soon_threadsafe(self.session.engine._report_stall, call)
+        self.loop.call_soon_threadsafe(self.session.engine.report_stall, call)
 
     def timed_out(self, call, waiting: list[int]) -> DistError:
         return self.session._fast_timeout(call, waiting, self.loop)
@@ -326,7 +326,7 @@ class Session:
 
     async def _fast_setup(self, p: Prepared) -> None:
         g = p.call.group
-        refused = self.engine._refusal(p.call)
+        refused = self.engine.refusal(p.call)
         if refused is not None:
             raise refused
         leader = g.ranks[0]
@@ -343,7 +343,7 @@ class Session:
                     fastpath.segment_bytes(g.size), leader, *messages,
                     lambda name, size: self._fast_attach(p, name, size, leader))
         except DistTimeoutError:  # the rendezvous knows who never came to this call
-            raise await self.engine._timeout_error(p.call, self.timeout_of(g),
+            raise await self.engine.timeout_error(p.call, self.timeout_of(g),
                                                    set(waiting)) from None
         self._fast_room[g.id] = (mid, reads)
         if seg is None:  # every member says so: the group's calls go over sockets
@@ -360,7 +360,7 @@ class Session:
             # the first rank gave up on this call: its abort says why, shortly
             end = asyncio.get_running_loop().time() + 2.0
             while asyncio.get_running_loop().time() < end:
-                refused = self.engine._refusal(p.call)
+                refused = self.engine.refusal(p.call)
                 if refused is not None:
                     raise refused from None
                 await asyncio.sleep(0.01)
@@ -409,7 +409,7 @@ class Session:
         if hooks is None or hooks.loop is not loop:
             hooks = self._fast_hooks = _FastHooks(self, loop)
         try:
-            refused = engine._refusal(call, consume=False)
+            refused = engine.refusal(call, consume=False)
             if refused is not None:
                 raise refused
             out = p.bufs["out"]
@@ -467,7 +467,7 @@ class Session:
         timeout = self.timeout_of(call.group)
         try:
             return asyncio.run_coroutine_threadsafe(
-                self.engine._timeout_error(call, timeout, set(waiting)), loop).result(10)
+                self.engine.timeout_error(call, timeout, set(waiting)), loop).result(10)
         except Exception:  # noqa: BLE001 - the loop is gone: say what this rank saw
             return DistTimeoutError(
                 f"{call.name} on {call.group!r} (call #{call.seq}) timed out after "
