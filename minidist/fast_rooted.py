@@ -17,18 +17,17 @@ goes to that rank (scatter) or comes from it (gather, all_gather).
 A call with root ``R`` (group rank 0 for all_gather):
 
 * every rank but ``R`` writes what it sends (gather, all_gather: its input into its
-  piece), its signature, then its number; in a gather or all_gather it then adds one to
-  ``R``'s *arrived* count with the kernel's atomic ``FUTEX_WAKE_OP``, which wakes ``R``
-  when the count becomes complete (the last sender wakes the root: one wake-up per
-  call); in a scatter (where ``R`` has usually been waiting for nobody: the workers
-  arrive while it gathers) it only wakes ``R`` if ``R`` said it sleeps (its *sleeping*
-  flag; see :meth:`Rooted._wait_all` for the bell and the fences);
+  piece), its signature, then its number, then adds one to ``R``'s *arrived* count with
+  the kernel's atomic ``FUTEX_WAKE_OP``, which wakes ``R`` when the count becomes
+  complete (the last arriving rank wakes the root: one wake-up per call; a root woken
+  by each arriving rank instead, while the workers of a 2-core machine arrive one by
+  one, made a 32-worker step 4 times slower);
 * ``R`` writes what it sends (scatter: every rank's piece), its signature and number,
-  waits until every rank arrived (gather, all_gather: its count is complete, and it sets
-  it back to 0; scatter: every number word holds the call's), compares every signature
-  with its own in one vectorised comparison, stores its *done* word and then (scatter,
-  all_gather) its *release* word, and wakes every sleeper on that word with one
-  ``FUTEX_WAKE``: all the workers of a scatter wait on that one word;
+  sleeps until its count is complete, sets it back to 0 (a scatter's before its
+  release, a gather's before its *done* word, which the next adds wait for), compares
+  every signature with its own in one vectorised comparison, stores its *done* word
+  and then (scatter, all_gather) its *release* word, and wakes every sleeper on that
+  word with one ``FUTEX_WAKE``: all the workers of a scatter wait on that one word;
 * in a scatter or all_gather the others wait on the release word, compare their
   signature with ``R``'s (``R`` stores the call's number in its *differs* word when any
   differs: then every rank names the first that differs), and copy their piece(s) out;
@@ -73,6 +72,7 @@ waiters sleep.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import struct
 import time
@@ -91,20 +91,33 @@ from .fastpath import (
     Hooks,
     Patience,
     fence,
-    futex_add,
     futex_wait,
     futex_wake,
 )
 from .group import Group
 
+_LIBC = ctypes.CDLL(None, use_errno=True) if fastpath.available() else None
+_SPARE = ctypes.c_int32(0)  # FUTEX_WAKE_OP's first word: nobody ever sleeps on it
+_ADD_WAKE = (1 << 28) | (0 << 24)  # FUTEX_OP_ADD 1, then compare: equal
+
+
+def futex_add(addr: int, equals: int) -> None:
+    """Atomically add 1 to the int32 at ``addr`` (a locked instruction in the kernel: a
+    full fence) and wake one sleeper on it only if it held ``equals`` before (< 4096).
+    The kernel's FUTEX_WAKE_OP wakes one sleeper on its *first* word whatever it is
+    told (its loop wakes before it counts), so the first word is one nobody sleeps on:
+    with the count there, every add woke the root (8 wake-ups per 32-worker step)."""
+    _LIBC.syscall(202, ctypes.c_void_p(ctypes.addressof(_SPARE)), 5, 0, ctypes.c_void_p(1),
+                  ctypes.c_void_p(addr), _ADD_WAKE | (1 << 12) | (equals & 0xFFF))
+
+
 MAX_RANKS = 1024  # FUTEX_WAKE_OP compares with a 12-bit number: at most 4097
 MAX_PIECE = 32 << 10  # the largest piece per rank (a stack of 84 x 84 frames fits)
 AREA_BUDGET = 9 << 20  # the pieces of a group's area, at most (pages untouched cost nothing)
 HEADER = 64
+CHECK_EVERY = 0.01  # seconds between a waiter's looks at deadlines and lost ranks
 _SIG = struct.Struct("<iiiiqIq")  # kind, dtype, op, root (group rank), count, shape, seq
 _KEY = 28  # the bytes of a signature compared: kind .. shape (not seq)
-BELL = 40  # a root waiting for a scatter's arrivals sleeps on this word of its header
-SLEEPING = 52  # ... and says so here
 SCATTER, GATHER, ALL_GATHER = 8, 7, 5  # wire.Kind values
 KINDS = (SCATTER, GATHER, ALL_GATHER)
 NAMES = {SCATTER: "scatter", GATHER: "gather", ALL_GATHER: "all_gather"}
@@ -206,12 +219,9 @@ class Rooted:
                 rows[me, :nb] = src.view(np.uint8)
             mv[head + 4:head + 4 + _SIG.size] = sig
             words[head // 4] = number  # after the pieces and the signature
-            if kind == SCATTER:  # the others say so in their number words
-                self._wait_all(parity, number, waits)
-            else:  # ... and count themselves in: the last one wakes this rank
-                self._wait(head // 4 + ARRIVED // 4, n - 1, None, None, parity, number,
-                           *waits)
-                words[head // 4 + ARRIVED // 4] = 0
+            # the others count themselves in: the last one wakes this rank
+            self._wait(head // 4 + ARRIVED // 4, n - 1, None, None, parity, number, *waits)
+            words[head // 4 + ARRIVED // 4] = 0
             bad = self._differing(parity, key)
             if bad >= 0:
                 words[head // 4 + DIFFERS // 4] = number
@@ -244,14 +254,7 @@ class Rooted:
             rows[me, :nb] = src.view(np.uint8)
         mv[at + 4:at + 4 + _SIG.size] = sig
         words[at // 4] = number  # after the piece and the signature
-        if kind == SCATTER:
-            fence()  # the number, then a look at the root's flag (see _wait_all)
-            if words[head // 4 + SLEEPING // 4]:
-                words[head // 4 + SLEEPING // 4] = 0
-                words[head // 4 + BELL // 4] = ((number << 10) + me) & 0x7FFFFFFF
-                futex_wake(self.base + head + BELL)
-        else:
-            futex_add(self.base + head + ARRIVED, n - 2)
+        futex_add(self.base + head + ARRIVED, n - 2)  # the last one wakes the root
         if kind == GATHER:
             differs = words[head // 4] == number and mv[head + 4:head + 4 + _KEY] != key
             self._finish(f)
@@ -371,12 +374,19 @@ class Rooted:
             patience.fit(self.size, quiet=os.getloadavg()[0] < patience.cores)
         if patience.wait(lambda: words[word] == want, now):
             return
-        start, reported = now, False
+        start, reported, checked = now, False, 0.0
         addr = self.base + word * 4
         while True:
             seen = int(words[word])
             if seen == want:
                 return
+            now = time.monotonic()
+            if now - checked < CHECK_EVERY:  # woken by progress (a count that grew)
+                if flag is not None:
+                    words[flag] = 1
+                futex_wait(addr, seen, min(SLICE, deadline - now))
+                continue
+            checked = now
             err = hooks.broken(call)
             if err is None and hooks.anyone_gone():
                 for other in self._missing(parity, number, releaser):
@@ -385,7 +395,6 @@ class Rooted:
                         break
             if err is not None and words[word] != want:
                 raise err
-            now = time.monotonic()
             if now >= deadline:
                 raise hooks.timed_out(call, [self.group.ranks[r] for r in
                                              self._missing(parity, number, releaser)])
@@ -395,49 +404,6 @@ class Rooted:
             if flag is not None:
                 words[flag] = 1  # then the kernel's lock, then its look at the word
             futex_wait(addr, seen, min(SLICE, deadline - now))
-
-    def _wait_all(self, parity: int, number: int, waits: tuple) -> None:
-        """Until every rank's number word of ``parity`` holds ``number`` (a scatter's
-        root). A sleeper reads its bell, then sets its flag and fences, then looks at the
-        numbers, then sleeps while the bell is unchanged; an arriving rank stores its
-        number, fences, then looks at the flag and, if set, stores a bell value of its
-        own (no earlier one is equal) and wakes. So either the root sees the number or
-        the rank sees the flag, and then the bell the root read is not the one it finds."""
-        nums, words = self.numbers[parity], self.words
-        if not (nums != number).any():
-            return
-        now = time.monotonic()
-        if self.patience.wait(lambda: not (nums != number).any(), now):
-            return
-        deadline, hooks, call = waits
-        head = (self.me * 2 + parity) * HEADER // 4
-        bell, flag = head + BELL // 4, head + SLEEPING // 4
-        start, reported = now, False
-        while True:
-            seen = int(words[bell])
-            words[flag] = 1
-            fence()
-            if not (nums != number).any():
-                words[flag] = 0
-                return
-            err = hooks.broken(call)
-            if err is None and hooks.anyone_gone():
-                for other in self._missing(parity, number, None):
-                    err = hooks.gone(self.group, self.group.ranks[other])
-                    if err is not None:
-                        break
-            if err is not None:
-                words[flag] = 0
-                raise err
-            now = time.monotonic()
-            if now >= deadline:
-                words[flag] = 0
-                raise hooks.timed_out(call, [self.group.ranks[r] for r in
-                                             self._missing(parity, number, None)])
-            if not reported and now - start >= STALL_REPORT:
-                reported = True
-                hooks.stalled(call)
-            futex_wait(self.base + bell * 4, seen, min(SLICE, deadline - now))
 
     def _missing(self, parity: int, number: int, releaser: int | None) -> list[int]:
         """The group ranks this call still waits for: those whose number is not the
