@@ -4,6 +4,8 @@ One listening TCP port per node, Unix domain sockets between the processes of a 
 ring and tree algorithms on numpy arrays. ``import minidist`` needs numpy only.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .api import GENERATED as _GENERATED  # minidist.scan, ...: from the collective catalog
 from .api import (
     Store,
@@ -58,13 +60,20 @@ from .errors import (
 )
 from .group import Group, GroupMember
 from .ops import ReduceOp
-from .shared_array import SharedArray
 from .work import Work
+
+if TYPE_CHECKING:  # loaded on first use (below): most ranks never share an array
+    from .shared_array import SharedArray
 
 globals().update(_GENERATED)
 
 
-def __getattr__(name: str) -> str:
+def __getattr__(name: str) -> Any:
+    if name == "SharedArray":
+        from .shared_array import SharedArray
+
+        globals()["SharedArray"] = SharedArray
+        return SharedArray
     # the version comes from the installed package's metadata, read on first use:
     # importlib.metadata costs every rank a few MiB it would not otherwise need
     if name == "__version__":

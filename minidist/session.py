@@ -15,6 +15,7 @@ import contextlib
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -42,11 +43,13 @@ from .group import Group
 from .plan import FAST_TAG, P2P, SHM_TAG, Planner, Prepared
 from .rendezvous.agent import NodeAgent
 from .rendezvous.client import RendezvousClient
-from .rendezvous.server import RendezvousServer
 from .rendezvous.store import KeyValueStore
 from .transport import addresses
 from .transport.endpoint import Endpoint
 from .transport.mailbox import Mailbox
+
+if TYPE_CHECKING:
+    from .rendezvous.server import RendezvousServer
 
 
 class _FastHooks:
@@ -130,6 +133,9 @@ class Session:
         if cfg.host_server:
             # a job on one node needs no address other nodes can reach
             host = "127.0.0.1" if cfg.local_world_size == cfg.world_size else "0.0.0.0"
+            # loaded only by the rank that hosts it (torchrun's rank 0): others never do
+            from .rendezvous.server import RendezvousServer
+
             self.server = RendezvousServer(cfg.secret, cfg.world_size, host=host,
                                            port=cfg.port)
             await self.server.start()

@@ -11,13 +11,16 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from . import fdlimits, job_secret
 from .door import Door
 from .env import LaunchConfig, log_level
-from .rendezvous.server import RendezvousServer
 from .runtime import Runtime
 from .session import Session
+
+if TYPE_CHECKING:
+    from .rendezvous.server import RendezvousServer
 
 log = logging.getLogger("minidist.startup")
 
@@ -88,6 +91,8 @@ def start(cfg: LaunchConfig, timeout: float,
     server = None
     try:
         if host is not None:
+            from .rendezvous.server import RendezvousServer  # only a rank that hosts it
+
             server = RendezvousServer(cfg.secret, cfg.world_size, host=host[0], port=host[1])
             port = runtime.call(server.start())
             if announce is not None:

@@ -23,7 +23,7 @@ from ..transport.acceptor import HANDSHAKE_TIMEOUT, Acceptor
 from ..transport.sockets import PeerClosed, connect_handshake, tune_tcp
 from .client import node_identity
 from .control import read_control, write_control
-from .server import HEARTBEAT, HEARTBEAT_TIMEOUT, bind_listeners
+from .listeners import HEARTBEAT, HEARTBEAT_TIMEOUT, bind_listeners
 
 log = logging.getLogger("minidist.agent")
 

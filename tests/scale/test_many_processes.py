@@ -22,10 +22,14 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def bare_numpy_rss_kib() -> int:
-    p = subprocess.Popen([sys.executable, "-c", "import numpy, sys; sys.stdin.read()"],
-                         stdin=subprocess.PIPE)
+    """RSS of a bare ``python -c "import numpy"``, once its import is done (on a busy
+    machine it takes seconds: measured earlier, it looked smaller than it is)."""
+    p = subprocess.Popen([sys.executable, "-c",
+                          "import numpy, sys; print('imported', flush=True); sys.stdin.read()"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        time.sleep(1.0)
+        assert p.stdout.readline().strip() == b"imported"
+        time.sleep(0.5)
         return diagnostics.memory_kib(p.pid)["rss"]
     finally:
         p.communicate(b"", timeout=30)
@@ -55,7 +59,10 @@ def test_rl_layout_128_processes(tmp_path, start_method):
         bare = bare_numpy_rss_kib()
         mem = [diagnostics.memory_kib(p.pid) for p in ranks]
         assert max(m["uss"] for m in mem) <= 10 * 1024, max(m["uss"] for m in mem)
-        assert max(m["rss"] for m in mem) - bare <= 12 * 1024, (max(m["rss"] for m in mem), bare)
+        # (a forked rank's RSS counts every page of the launcher it inherits, shared or
+        # not: 13 MiB since the launcher also tracks file limits and restarts and the
+        # ranks guard against forks; what one more rank costs is the USS bound above)
+        assert max(m["rss"] for m in mem) - bare <= 13 * 1024, (max(m["rss"] for m in mem), bare)
         gate.touch()
         assert job.wait(120) == 0, job.err[-3000:]
     assert "N=128 groups=3" in summary and "listening_tcp_ports=1" in summary, summary
