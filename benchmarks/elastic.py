@@ -10,7 +10,9 @@ group of everyone; the learner kills that worker with SIGKILL and measures (all 
 node's monotonic clock):
 
 * ``error``: from the kill until the last survivor's barrier raised PeerLostError;
-* ``shrink``: how long each survivor's ``shrink_group`` took (p50 and max over ranks);
+* ``shrink``: how long each survivor's ``shrink_group`` took (p50 and max over ranks;
+  the first callers wait for the last survivor to learn of the death), and ``after the
+  last error``: from the last survivor's error until every survivor had its answer;
 * ``back``: from the kill until the learner's first collective on a new group with the
   restarted worker (``wait_ranks``, ``new_group``, a barrier) returned.
 
@@ -18,9 +20,8 @@ Side by side in the same invocation, the peer is what a job without shrink and r
 does instead (torchrun's and Horovod's way): start the whole job of W + 1 ranks again
 (``minidist run``, ``init``, a barrier); ``back / full restart`` is the ratio.
 
-With ``--hosts 2`` the ranks are split over two emulated hosts (two launchers on this
-machine, the second one a node of its own: its own network namespace is not needed,
-ranks of the second launcher reach the first through its agent's TCP port), and a whole
+With ``--hosts 2`` the ranks are split over two emulated hosts (network namespaces on a
+bridge, as ``tests/multinode`` makes them; needs root), a launcher on each, and a whole
 host is killed: the first host's ranks shrink and go on (``host_error``, ``host_shrink``).
 
 ``--agreement N,...`` measures the rendezvous' shrink alone: N ranks' control connections
@@ -81,17 +82,20 @@ def rank_main(trials: int) -> None:
             t_err = time.monotonic()
         s0 = time.monotonic()
         minidist.shrink_group(group=g)
-        shrink = time.monotonic() - s0
+        t_done = time.monotonic()
+        shrink = t_done - s0
         if minidist.wait_ranks([victim], timeout=60) != [victim]:
             raise SystemExit(f"rank {victim} did not come back")
         g = minidist.new_group(everyone)
         minidist.barrier(group=g)
         t_in = time.monotonic()
-        got = minidist.gather_object((t_err, shrink), dst=0, group=g)
+        got = minidist.gather_object((t_err, shrink, t_done), dst=0, group=g)
         if rank == 0:
             errs = [x[0] for x in got if x is not None]
             shrinks = sorted(1000 * x[1] for x in got if x is not None)
-            rows.append({"error_ms": 1000 * (max(errs) - t_kill),
+            rows.append({"agreement_ms": 1000 * (max(x[2] for x in got if x is not None)
+                                                 - max(errs)),
+                         "error_ms": 1000 * (max(errs) - t_kill),
                          "first_error_ms": 1000 * (min(errs) - t_kill),
                          "shrink_ms_p50": statistics.median(shrinks),
                          "shrink_ms_max": shrinks[-1],
@@ -169,28 +173,32 @@ def measure_fresh(w: int) -> float:
 
 
 def measure_hosts(w: int) -> dict:
-    """Two launchers (node 0 and node 1 of a two-node job) on this machine; node 1's
-    launcher and ranks are killed at once."""
-    import socket
+    """Two emulated hosts (network namespaces joined by a bridge, as tests/multinode
+    makes them; root only), a launcher on each; host 1's launcher and ranks are killed
+    at once."""
+    sys.path.insert(0, str(ROOT))
+    from tests.multinode.netns import Hosts, can_make_hosts
 
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    per = (w + 1 + 1) // 2
-    base = [sys.executable, "-m", "minidist", "run", "-n", str(per), "--nnodes", "2",
-            "--master-addr", "127.0.0.1", "--master-port", str(port), "--grace", "60"]
+    why = can_make_hosts()
+    if why is not None:
+        return {"skipped": why}
+    per = (w + 2) // 2
+    hosts = Hosts(2)
     env = {**_env(), "MINIDIST_SECRET": f"elastic-hosts-{os.getpid()}"}
-    procs = [subprocess.Popen([*base, "--node-rank", str(k), __file__, "--rank-mode", "host"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env, start_new_session=True) for k in (0, 1)]
+    procs = []
     try:
-        # node 0's ranks say they are about to wait; then node 1 dies as a whole
+        for k in (0, 1):
+            cmd = [*hosts.prefix(k), sys.executable, "-m", "minidist", "run", "-n", str(per),
+                   "--nnodes", "2", "--node-rank", str(k), "--master-addr", hosts.addrs[0],
+                   "--master-port", "29651", "--grace", "60", __file__, "--rank-mode", "host"]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, env=env,
+                                          start_new_session=True))
         line = ""
         end = time.monotonic() + 120
         while "READY_TO_DIE" not in line and time.monotonic() < end:
             line = procs[0].stdout.readline()
-        time.sleep(0.1)
+        time.sleep(0.1)  # node 0's ranks wait in the barrier: host 1 dies as a whole
         t_kill = time.monotonic()
         os.killpg(procs[1].pid, signal.SIGKILL)
         out, err = procs[0].communicate(timeout=120)
@@ -201,6 +209,7 @@ def measure_hosts(w: int) -> dict:
             except ProcessLookupError:
                 pass
             p.wait()
+        hosts.close()
     for ln in out.splitlines():
         if RESULT in ln:
             r = json.loads(ln.split(RESULT, 1)[1])
@@ -289,13 +298,15 @@ def main() -> None:
         r = {"workers": w, "trials": len(rows), "error_ms_p50": med("error_ms"),
              "first_error_ms_p50": med("first_error_ms"),
              "error_ms_max": top("error_ms"), "shrink_ms_p50": med("shrink_ms_p50"),
-             "shrink_ms_max": top("shrink_ms_max"), "back_ms_p50": med("back_ms"),
+             "shrink_ms_max": top("shrink_ms_max"), "agreement_ms_p50": med("agreement_ms"),
+             "agreement_ms_max": top("agreement_ms"), "back_ms_p50": med("back_ms"),
              "back_ms_max": top("back_ms"), "full_restart_ms": round(fresh, 1),
              "back_over_full_restart": round(med("back_ms") / fresh, 3)}
         out["jobs"].append(r)
         print(f"W={w:4d}: error p50 {r['error_ms_p50']} max {r['error_ms_max']} ms (first "
               f"survivor p50 {r['first_error_ms_p50']}) | "
-              f"shrink p50 {r['shrink_ms_p50']} max {r['shrink_ms_max']} ms | back p50 "
+              f"shrink p50 {r['shrink_ms_p50']} max {r['shrink_ms_max']} ms (after the last "
+              f"error: p50 {r['agreement_ms_p50']} max {r['agreement_ms_max']}) | back p50 "
               f"{r['back_ms_p50']} max {r['back_ms_max']} ms | full restart "
               f"{r['full_restart_ms']} ms (back/full {r['back_over_full_restart']})",
               flush=True)

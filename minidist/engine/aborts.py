@@ -117,6 +117,12 @@ class Aborts:
     def _broadcast_abort(self, call: Call, exc: DistError) -> None:
         if self.client is None or self.rendezvous_lost is not None:
             return
+        if isinstance(exc, PeerLostError) and not exc.left and exc.ranks and \
+                all(r in self.lost for r in exc.ranks):
+            # the rendezvous told every rank of these deaths itself, and every call on a
+            # group with a dead member fails on its own: n survivors telling n - 1 others
+            # would be n^2 messages through the rendezvous just when it is needed most
+            return
         body = {"t": "abort", "ranks": list(call.group.ranks), "group": call.group.id,
                 "seq": call.seq, "reason": str(exc), "kind": "mismatch"}
         if isinstance(exc, PeerLostError):
