@@ -72,7 +72,6 @@ waiters sleep.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import struct
 import time
@@ -81,6 +80,7 @@ import numpy as np
 
 from . import fastpath, ops
 from .errors import CollectiveMismatchError, again
+from .fast_area import HEADER, area_bytes, piece_bytes, pieces_at
 from .fastpath import (
     ARRIVED,
     DIFFERS,
@@ -91,51 +91,19 @@ from .fastpath import (
     Hooks,
     Patience,
     fence,
+    futex_add,
     futex_wait,
     futex_wake,
 )
 from .group import Group
 
-_LIBC = ctypes.CDLL(None, use_errno=True) if fastpath.available() else None
-_SPARE = ctypes.c_int32(0)  # FUTEX_WAKE_OP's first word: nobody ever sleeps on it
-_ADD_WAKE = (1 << 28) | (0 << 24)  # FUTEX_OP_ADD 1, then compare: equal
-
-
-def futex_add(addr: int, equals: int) -> None:
-    """Atomically add 1 to the int32 at ``addr`` (a locked instruction in the kernel: a
-    full fence) and wake one sleeper on it only if it held ``equals`` before (< 4096).
-    The kernel's FUTEX_WAKE_OP wakes one sleeper on its *first* word whatever it is
-    told (its loop wakes before it counts), so the first word is one nobody sleeps on:
-    with the count there, every add woke the root (8 wake-ups per 32-worker step)."""
-    _LIBC.syscall(202, ctypes.c_void_p(ctypes.addressof(_SPARE)), 5, 0, ctypes.c_void_p(1),
-                  ctypes.c_void_p(addr), _ADD_WAKE | (1 << 12) | (equals & 0xFFF))
-
-
 MAX_RANKS = 1024  # FUTEX_WAKE_OP compares with a 12-bit number: at most 4097
-MAX_PIECE = 32 << 10  # the largest piece per rank (a stack of 84 x 84 frames fits)
-AREA_BUDGET = 9 << 20  # the pieces of a group's area, at most (pages untouched cost nothing)
-HEADER = 64
 CHECK_EVERY = 0.01  # seconds between a waiter's looks at deadlines and lost ranks
 _SIG = struct.Struct("<iiiiqIq")  # kind, dtype, op, root (group rank), count, shape, seq
 _KEY = 28  # the bytes of a signature compared: kind .. shape (not seq)
 SCATTER, GATHER, ALL_GATHER = 8, 7, 5  # wire.Kind values
 KINDS = (SCATTER, GATHER, ALL_GATHER)
 NAMES = {SCATTER: "scatter", GATHER: "gather", ALL_GATHER: "all_gather"}
-
-
-def piece_bytes(size: int) -> int:
-    """The largest share of one rank in a call on ``size`` ranks: MAX_PIECE, less on
-    groups so large that their pieces would pass AREA_BUDGET (a multiple of 64)."""
-    return max(64, min(MAX_PIECE, AREA_BUDGET // (2 * size)) // 64 * 64)
-
-
-def area_bytes(size: int) -> int:
-    """The bytes of the area of a group of ``size`` ranks."""
-    return _pieces_at(size) + 2 * size * piece_bytes(size)
-
-
-def _pieces_at(size: int) -> int:
-    return -(-(2 * size * HEADER + 8 * size) // 4096) * 4096
 
 
 def area_at(size: int) -> int:
@@ -165,7 +133,7 @@ class Rooted:
         self.heads = self.words[:2 * n * HEADER // 4].reshape(n, 2, HEADER // 4)
         self.done = self.mem[2 * n * HEADER:2 * n * HEADER + 8 * n].view(np.int64)
         self.piece = piece_bytes(n)
-        self.pieces = self.mem[_pieces_at(n):].reshape(2, n, self.piece)
+        self.pieces = self.mem[pieces_at(n):].reshape(2, n, self.piece)
         self.mv = memoryview(self.mem)
         self.sigs = [self.heads[:, p, 1:1 + _KEY // 4] for p in (0, 1)]
         self.numbers = [self.heads[:, p, 0] for p in (0, 1)]

@@ -145,7 +145,7 @@ from typing import Protocol
 
 import numpy as np
 
-from . import ops, peer_memory
+from . import fast_area, ops, peer_memory
 from .errors import CollectiveMismatchError, DistError, PeerLostError, again
 from .group import Group
 from .ops import ReduceOp
@@ -236,12 +236,18 @@ def futex_wake(addr: int) -> None:
 _FUTEX_WAKE_OP, _FUTEX_OP_ADD, _FUTEX_OP_CMP_EQ = 5, 1, 0
 
 
+_SPARE = ctypes.c_int32(0)  # FUTEX_WAKE_OP's first word: nobody ever sleeps on it
+
+
 def futex_add(addr: int, equals: int) -> None:
     """Atomically add 1 to the int32 at ``addr`` (a locked instruction in the kernel: a
-    full fence) and, if it held ``equals`` before (< 4096), wake one sleeper on it."""
+    full fence) and wake one sleeper on it only if it held ``equals`` before (< 4096).
+    The kernel's FUTEX_WAKE_OP wakes one sleeper on its *first* word whatever it is
+    told (its loop wakes before it counts), so the first word is one nobody sleeps on:
+    with the count there, every add woke the group's rank 0."""
     op = (_FUTEX_OP_ADD << 28) | (_FUTEX_OP_CMP_EQ << 24) | (1 << 12) | (equals & 0xFFF)
-    _LIBC.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE_OP, 0, ctypes.c_void_p(1),
-                  ctypes.c_void_p(addr), op)
+    _LIBC.syscall(_SYS_FUTEX, ctypes.c_void_p(ctypes.addressof(_SPARE)), _FUTEX_WAKE_OP, 0,
+                  ctypes.c_void_p(1), ctypes.c_void_p(addr), op)
 
 
 _FENCE = threading.Lock()
@@ -254,9 +260,8 @@ def fence() -> None:
 
 
 def _mid_at(size: int) -> int:
-    from . import fast_rooted  # its area lies between the slots and the mid area
 
-    return -(-size * 2 * SLOT // 4096) * 4096 + fast_rooted.area_bytes(size)
+    return -(-size * 2 * SLOT // 4096) * 4096 + fast_area.area_bytes(size)
 
 
 def room_bytes(size: int) -> int:
