@@ -279,7 +279,8 @@ def chunk_bytes(size: int, nbytes: int) -> int:
 
 def segment_bytes(size: int) -> int:
     """The shared segment of a group of ``size`` ranks: its slots, then (for groups of at
-    most MID_RANKS) the mid area. Pages that no call touches take no memory."""
+    most MID_RANKS) the mid area. Its pages are reserved when it is made
+    (:mod:`minidist.shm_setup`): whole, or the slots alone when /dev/shm is short."""
     if size > MID_RANKS:
         return _mid_at(size)  # the slots and the rooted calls' area (minidist.fast_rooted)
     return _mid_at(size) + 2 * (size + 1) * room_bytes(size)
