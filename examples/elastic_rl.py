@@ -71,7 +71,9 @@ def worker() -> None:
             members = minidist.recv_object(0, tag=REJOIN)
         except minidist.PeerLostError:  # the learner finished without this worker
             return
-        minidist.wait_ranks(members)  # this rank has heard of every member's process
+        # this rank has heard of every member's process (a member that died since the
+        # learner sent this is not waited for long: the group then fails and shrinks)
+        minidist.wait_ranks(members, timeout=1.0)
         g = minidist.new_group(members)
     else:
         g = minidist.new_group(everyone)
