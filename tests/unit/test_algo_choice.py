@@ -114,7 +114,7 @@ def test_the_calibration_inverts_the_replay():
     true = Costs(alpha_s=55e-6, beta_s=0.35e-9, gamma=0.09e-9, delta=0.12e-9, sigma=1e-6,
                  call_s=80e-6, cores=calibrate.RANKS)
     found = {}
-    for name, algo, count in calibrate._cases(quick=True):
+    for name, algo, count in calibrate.cases(quick=True):
         busy = replay(schedules("all_reduce", algo, calibrate.RANKS, count), true).busy
         cpu = sum(busy) / len(busy)  # call_s included
         found[name] = {"wall": 2 * cpu, "cpu": cpu, "count": count}

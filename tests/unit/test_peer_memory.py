@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from minidist import fastpath, peer_memory
+from minidist import fast_area, fastpath, peer_memory
 from minidist.algorithms import cost
 from minidist.ops import ReduceOp
 from minidist.plan import Planner
@@ -133,8 +133,10 @@ def test_numbers_of_each_kind_of_fast_call():
     # slots, then two banks of n + 1 chunks (the ranks' and the result)
     assert fastpath.segment_bytes(2) >= 2 * 3 * fastpath.room_bytes(2)
     assert fastpath.segment_bytes(4) >= 2 * 5 * fastpath.MID_CHUNK
-    assert fastpath.segment_bytes(fastpath.MID_RANKS + 1) == (
-        (fastpath.MID_RANKS + 1) * 2 * fastpath.SLOT)  # no mid area
+    # no mid area: the slots (to a page) and the rooted calls' area
+    n = fastpath.MID_RANKS + 1
+    assert fastpath.segment_bytes(n) == (
+        -(-n * 2 * fastpath.SLOT // 4096) * 4096 + fast_area.area_bytes(n))
     assert fastpath.numbers(1 << 30, 4, reads=True) == 3
     assert fastpath.takes("all_reduce", 64, 1 << 30, direct=True)
     assert not fastpath.takes("all_reduce", 65, 1 << 30, direct=True)
