@@ -51,6 +51,8 @@ from .transport.mailbox import Mailbox
 if TYPE_CHECKING:
     from .rendezvous.server import RendezvousServer
 
+REFUSAL_CHECK = 0.02  # seconds between a set-up's looks at lost ranks and aborts
+
 
 class _FastHooks:
     """What a fast call asks the session while it waits (:class:`fastpath.Hooks`), from
@@ -341,13 +343,13 @@ class Session:
         messages = self._setup_messages(g, FAST_TAG)
         try:
             if self.rank == leader:
-                seg, mid, reads = await shm_setup.lead_fast(
+                seg, mid, reads = await self._unless_refused(p, shm_setup.lead_fast(
                     self.job, segments.segment_name(self.job, key, os.getpid()), g,
-                    self.plan.can_read(g), *messages, waiting)
+                    self.plan.can_read(g), *messages, waiting))
             else:
-                seg, mid, reads = await shm_setup.join_fast(
+                seg, mid, reads = await self._unless_refused(p, shm_setup.join_fast(
                     fastpath.segment_bytes(g.size), leader, *messages,
-                    lambda name, size: self._fast_attach(p, name, size, leader))
+                    lambda name, size: self._fast_attach(p, name, size, leader)))
         except DistTimeoutError:  # the rendezvous knows who never came to this call
             raise await self.engine.timeout_error(p.call, self.timeout_of(g),
                                                    set(waiting)) from None
@@ -357,6 +359,26 @@ class Session:
             return
         self._fast_maps.append(seg)
         self._fast[g.id] = fast_rooted.Fast(seg, g, g.rank_of(self.rank))
+
+    async def _unless_refused(self, p: Prepared, work):
+        """Await ``work`` (a set-up's exchange with some members), but raise at once what
+        ends ``p`` for any member (a rank of its group lost or gone, an abort): a member
+        that waits for the first rank's word must not wait out the timeout for a rank
+        that died without ever coming."""
+        task = asyncio.ensure_future(work)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=REFUSAL_CHECK)
+                if done:
+                    return task.result()
+                refused = self.engine.refusal(p.call, consume=False)
+                if refused is not None:
+                    raise refused
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
     async def _fast_attach(self, p: Prepared, name: str, size: int, leader: int):
         """Map the fast segment ``name`` of ``p``'s group, which its first rank made."""
