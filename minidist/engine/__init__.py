@@ -117,6 +117,16 @@ class Engine(Peers, Aborts, PointToPoint, Runner):
             return a.error  # its deadline and its failure came together: the failure
         return exc
 
+    def _outcome(self, a: Active, exc: BaseException) -> BaseException | None:
+        """What a call that ended with ``exc`` (a cancellation, a DistError or a
+        timeout) raises, the one ladder of every call: the error the engine ended it
+        with, if it did; else ``exc`` itself; None when its own deadline passed (the
+        caller then says what did not finish in time)."""
+        err = self._leave(a, exc)
+        if err is exc and isinstance(exc, TimeoutError) and not isinstance(exc, DistError):
+            return None
+        return err
+
     def _fail(self, a: Active, exc: BaseException) -> None:
         """End a running call with ``exc``, whatever it is waiting on."""
         if a.error is not None:

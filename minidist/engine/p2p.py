@@ -56,16 +56,11 @@ class PointToPoint:
                     await self.endpoint.send(p.peer, *self._p2p_frame(p))
             except PeerLostError as e:
                 raise await self._explain(p.peer, e) from None
-        except asyncio.CancelledError as e:
-            err = self._leave(a, e)
+        except (asyncio.CancelledError, DistError, TimeoutError) as e:
+            err = self._outcome(a, e)
             if err is e:
                 raise
-            raise err from None
-        except DistError as e:
-            raise self._leave(a, e) from None
-        except TimeoutError as e:
-            err = self._leave(a, e)
-            if err is not e:
+            if err is not None:
                 raise err from None
             raise DistTimeoutError(f"send to rank {p.peer} ({tag_name(p.tag)}) did not finish "
                                    f"within {timeout:g} s", collective="send",
@@ -133,19 +128,12 @@ class PointToPoint:
         try:
             async with asyncio.timeout(timeout):
                 result = await fut
-        except asyncio.CancelledError as e:
+        except (asyncio.CancelledError, DistError, TimeoutError) as e:
             forget()
-            err = self._leave(a, e)
+            err = self._outcome(a, e)
             if err is e:
                 raise
-            raise err from None
-        except DistError as e:
-            forget()
-            raise self._leave(a, e) from None
-        except TimeoutError as e:
-            forget()
-            err = self._leave(a, e)
-            if err is not e:
+            if err is not None:
                 raise err from None
             if not anyone:
                 self.give_back_p2p_seq(p)

@@ -81,16 +81,11 @@ class Runner:
                         await self._execute_traced(self.tracer, active, schedule, bufs, op,
                                                    waiting, prologue)
                 ok = True
-            except asyncio.CancelledError as e:
-                err = self._leave(active, e)
+            except (asyncio.CancelledError, DistError, TimeoutError) as e:
+                err = self._outcome(active, e)
                 if err is e:
                     raise
-                raise err from None
-            except DistError as e:
-                raise self._leave(active, e) from None
-            except TimeoutError as e:
-                err = self._leave(active, e)
-                if err is not e:
+                if err is not None:
                     raise err from None
                 raise await self.timeout_error(call, timeout, waiting) from None
         except DistError as e:
