@@ -78,7 +78,7 @@ import time
 
 import numpy as np
 
-from . import fastpath, ops
+from . import fastpath
 from .errors import CollectiveMismatchError, again
 from .fast_area import HEADER, area_bytes, piece_bytes, pieces_at
 from .fastpath import (
@@ -94,6 +94,7 @@ from .fastpath import (
     futex_add,
     futex_wait,
     futex_wake,
+    mismatch_error,
 )
 from .group import Group
 
@@ -384,20 +385,10 @@ class Rooted:
     def _mismatch(self, call, r: int, parity: int) -> CollectiveMismatchError:
         kind, dtype, _op, root, count, _shape, _seq = _SIG.unpack_from(
             self.mem, (r * 2 + parity) * HEADER + 4)
-        try:
-            dt = str(ops.dtype_from_code(dtype))
-        except ValueError:
-            dt = f"code {dtype}"
-        name = NAMES.get(kind, f"kind {kind}")
-        parts = [f"count={count}", f"dtype={dt}"]
-        if kind != ALL_GATHER and 0 <= root < self.size:
-            parts.append(f"root={self.group.ranks[root]}")
-        what = f"{name}({', '.join(parts)})"
-        return CollectiveMismatchError(
-            f"collective mismatch on {self.group!r} (call #{call.seq}): rank "
-            f"{self.group.ranks[r]} called {what} where rank "
-            f"{self.group.ranks[self.me]} called {call.describe()}; its output is unchanged")
-
+        return mismatch_error(
+            self.group, self.me, call, r, NAMES.get(kind, f"kind {kind}"), dtype, count,
+            root=self.group.ranks[root] if kind != ALL_GATHER and 0 <= root < self.size
+            else None, tail="; its output is unchanged")
 
 
 class Fast:

@@ -812,20 +812,30 @@ class Slots:
 
     def _mismatch(self, call, r: int, theirs: tuple) -> CollectiveMismatchError:
         kind, dtype, op, root, count, _seq, shape = theirs
-        try:
-            dt = str(ops.dtype_from_code(dtype))
-        except ValueError:
-            dt = f"code {dtype}"
-        name = _KIND_NAMES.get(kind, f"kind {kind}")
-        parts = [f"count={count}", f"dtype={dt}"]
-        if kind == _ALL_REDUCE:
-            parts.append(f"op={ReduceOp(op).name}")
-        if root >= 0:
-            parts.append(f"root={root}")
-        return CollectiveMismatchError(
-            f"collective mismatch on {self.group!r} (call #{call.seq}): rank "
-            f"{self.group.ranks[r]} called {name}({', '.join(parts)}) where rank "
-            f"{self.group.ranks[self.me]} called {call.describe()}")
+        return mismatch_error(self.group, self.me, call, r, _KIND_NAMES.get(kind, f"kind {kind}"),
+                              dtype, count, ReduceOp(op).name if kind == _ALL_REDUCE else None,
+                              root if root >= 0 else None)
+
+
+def mismatch_error(group: Group, me: int, call, r: int, name: str, dtype: int, count: int,
+                   op: str | None = None, root: int | None = None,
+                   tail: str = "") -> CollectiveMismatchError:
+    """The error of a fast call whose group rank ``r`` called something else (``name``
+    with a dtype code, a count and maybe an op and a global root) than this rank
+    (group rank ``me``) did (``call``)."""
+    try:
+        dt = str(ops.dtype_from_code(dtype))
+    except ValueError:
+        dt = f"code {dtype}"
+    parts = [f"count={count}", f"dtype={dt}"]
+    if op is not None:
+        parts.append(f"op={op}")
+    if root is not None:
+        parts.append(f"root={root}")
+    return CollectiveMismatchError(
+        f"collective mismatch on {group!r} (call #{call.seq}): rank {group.ranks[r]} called "
+        f"{name}({', '.join(parts)}) where rank {group.ranks[me]} called "
+        f"{call.describe()}{tail}")
 
 
 # wire.Kind values, without importing the wire layer into this module's hot path
