@@ -11,28 +11,11 @@ import numpy as np
 
 import minidist
 from minidist import ReduceOp, ops
-
-UFUNC = {ReduceOp.SUM: np.add, ReduceOp.PRODUCT: np.multiply, ReduceOp.MIN: np.minimum,
-         ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,
-         ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor}
-
-
-def inputs(n, count, dtype, op, seed):
-    rng = np.random.default_rng(seed)
-    if dtype.kind == "b":
-        return [rng.integers(0, 2, count).astype(bool) for _ in range(n)]
-    if op == ReduceOp.PRODUCT:
-        vals = rng.choice([-1, 1] if dtype.kind in "ifc" else [1], (n, count))
-    else:
-        vals = rng.integers(0 if dtype.kind == "u" else -3, 4, (n, count))
-    return [v.astype(dtype) for v in vals]
+from tests.unit.test_scan import UFUNC, inputs, reference  # the simulator tests' own
 
 
 def want(xs, r, op, exclusive):
-    acc = UFUNC[op].accumulate(np.stack(xs), axis=0, dtype=xs[0].dtype)
-    if exclusive:
-        return np.full(xs[0].shape, ops.identity(op, xs[0].dtype)) if r == 0 else acc[r - 1]
-    return acc[r]
+    return reference(xs, op, exclusive)[r]
 
 
 def cases():
