@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 
 
@@ -73,3 +74,41 @@ def again(exc: BaseException, prefix: str) -> DistError:
     if isinstance(exc, DistError):
         return type(exc)(msg)
     return DistError(f"{prefix}: {type(exc).__name__}: {exc}")
+
+
+class AbortKind(enum.StrEnum):
+    """Why another rank aborted a call, as its abort message says: the one mapping
+    between the kinds that travel and the errors they raise (:attr:`error_class`)."""
+
+    MISMATCH = "mismatch"
+    LOST = "lost"
+    TIMEOUT = "timeout"
+
+    @classmethod
+    def of(cls, exc: BaseException) -> AbortKind:
+        """The kind an abort for ``exc`` travels as (MISMATCH for any other error)."""
+        for kind, error in _ABORT_ERRORS.items():
+            if kind is not cls.MISMATCH and isinstance(exc, error):
+                return kind
+        return cls.MISMATCH
+
+    @classmethod
+    def parse(cls, value: object) -> AbortKind:
+        """The kind a message names; MISMATCH for a kind this version does not know
+        (an abort still ends the call, as a mismatch)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.MISMATCH
+
+    @property
+    def error_class(self) -> type[DistError]:
+        """The error an abort of this kind raises on the ranks that hear of it."""
+        return _ABORT_ERRORS[self]
+
+
+_ABORT_ERRORS: dict[AbortKind, type[DistError]] = {
+    AbortKind.MISMATCH: CollectiveMismatchError,
+    AbortKind.LOST: PeerLostError,
+    AbortKind.TIMEOUT: DistTimeoutError,
+}

@@ -389,24 +389,48 @@ def decode_control_body(raw: bytes, blob: bytes = b"") -> Control:
 
 
 class ControlDecoder:
-    """Incremental decoder: feed bytes as they arrive, take complete messages out."""
+    """Incremental decoder: add bytes as they arrive, take complete messages out."""
 
     def __init__(self) -> None:
         self._buf = bytearray()
 
+    def add(self, data: bytes | bytearray | memoryview) -> None:
+        """Append bytes read from the stream."""
+        self._buf += data
+
+    def next_message(self) -> Control | None:
+        """The next complete message, or None until more bytes come. ProtocolError once
+        the bytes at the head of the stream are not a control message (every message
+        before them is returned first)."""
+        if len(self._buf) < CONTROL_HEADER_SIZE:
+            return None
+        jlen, blen = decode_control_header(bytes(self._buf[:CONTROL_HEADER_SIZE]))
+        j0 = CONTROL_HEADER_SIZE
+        end = j0 + jlen + blen
+        if len(self._buf) < end:
+            return None
+        with memoryview(self._buf) as view:
+            raw, blob = bytes(view[j0:j0 + jlen]), bytes(view[j0 + jlen:end])
+        del self._buf[:end]
+        return decode_control_body(raw, blob)
+
+    def wanted(self) -> int:
+        """How many more bytes the message at the head needs (at least 1)."""
+        if len(self._buf) < CONTROL_HEADER_SIZE:
+            return CONTROL_HEADER_SIZE - len(self._buf)
+        jlen, blen = decode_control_header(bytes(self._buf[:CONTROL_HEADER_SIZE]))
+        return max(1, CONTROL_HEADER_SIZE + jlen + blen - len(self._buf))
+
+    def pending(self) -> bytes:
+        """The bytes of a message not yet complete."""
+        return bytes(self._buf)
+
     def feed(self, data: bytes) -> list[Control]:
         """Add bytes; return every message now complete. ProtocolError on garbage."""
-        self._buf += data
+        self.add(data)
         out = []
-        while len(self._buf) >= CONTROL_HEADER_SIZE:
-            jlen, blen = decode_control_header(bytes(self._buf[:CONTROL_HEADER_SIZE]))
-            end = CONTROL_HEADER_SIZE + jlen + blen
-            if len(self._buf) < end:
-                break
-            j0 = CONTROL_HEADER_SIZE
-            out.append(decode_control_body(bytes(self._buf[j0:j0 + jlen]),
-                                           bytes(self._buf[j0 + jlen:end])))
-            del self._buf[:end]
+        while (msg := self.next_message()) is not None:
+            out.append(msg)
         return out
 
 
