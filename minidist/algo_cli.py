@@ -370,7 +370,7 @@ def _png(pic: draw.Picture, path: str) -> None:
                                      linestyle="--" if arr.dashed else "-"))
         ax.add_patch(Polygon(tri, closed=True, color=arr.color))
         if arr.label:
-            _, _, lx, ly = draw._curve(arr)
+            _, _, lx, ly = draw.curve(arr)
             left = arr.bend < 0
             ax.text(lx - 3 if left else lx + 3, ly - 3, arr.label, fontsize=6.5,
                     color=arr.color, ha="right" if left else "left",

@@ -74,7 +74,8 @@ class FastP2P:
         self.stash: Stash | None = None
         self._no_stash = False
         self._send_lock = threading.Lock()
-        self._drain_lock = threading.Lock()  # who takes records: a receiver or the loop
+        self.drain_lock = threading.Lock()  # who takes records: a receiver or the loop
+        self.many_patience: Patience | None = None  # recv_many's spin (minidist.first_k's)
         self._receiver = threading.Lock()  # one waiting receiver at a time
         self.waiting = False  # a receiver waits in the inbox (read by the loop)
         self._patience = Patience(SPIN_P2P)
@@ -99,7 +100,7 @@ class FastP2P:
                 self.stash.close()
                 self.stash = None
             self._no_stash = True
-        with self._drain_lock:
+        with self.drain_lock:
             if self.inbox is not None:
                 self.inbox.close()
                 self.inbox = None
@@ -151,7 +152,7 @@ class FastP2P:
                     self._retry[dst] = time.monotonic() + RETRY_ATTACH
                     return False
                 self._outboxes[dst] = out
-            header, payload = e._p2p_frame(p)
+            header, payload = e.p2p_frame(p)
             if p.flat.nbytes <= MESSAGE_BYTES:
                 done = out.put(header, payload)
             else:
@@ -257,7 +258,7 @@ class FastP2P:
                 if got is not None:
                     return self._deliver(p, *got)
                 if key in self.dropped:  # sent, but its stash went before the loop took it
-                    raise self._lost(p, src, self.dropped.pop(key))
+                    raise self.lost_with_stash(p, src, self.dropped.pop(key))
                 raise err
             now = time.monotonic()
             if now >= deadline:
@@ -290,28 +291,28 @@ class FastP2P:
         inbox = self.inbox
         if not inbox.waiting(ring):
             return None
-        with self._drain_lock:
+        with self.drain_lock:
             while True:
                 raw = inbox.peek(ring)
                 if raw is None:
                     return None
-                h = self._header(raw, ring)
+                h = self.ring_header(raw, ring)
                 if h is None or (h.src, h.group, h.seq, h.tag, True) != key:
                     rec = inbox.take(ring)
                     if h is not None:
-                        self._aside(h, rec[1], self.loop)
+                        self.set_aside(h, rec[1], self.loop)
                     continue
                 into = None
                 if p.flat is not None and self.engine.p2p_check(p, h) is None:
                     into = p.flat.view(np.uint8)
                 payload = inbox.take(ring, into)[1]
                 if payload is None:
-                    raise self._lost(p, h.src, h.nbytes)
+                    raise self.lost_with_stash(p, h.src, h.nbytes)
                 self.received += 1
                 return h, (_TAKEN_INTO if into is not None and payload is into else payload)
 
-    def _aside(self, h: wire.Header, payload: np.ndarray | None,
-               loop: asyncio.AbstractEventLoop | None) -> None:
+    def set_aside(self, h: wire.Header, payload: np.ndarray | None,
+                  loop: asyncio.AbstractEventLoop | None) -> None:
         """A record that another receive takes: to the mailbox (through ``loop`` when
         not on it), or, lost with its sender's stash, remembered to say so."""
         if payload is None:
@@ -321,12 +322,16 @@ class FastP2P:
         else:
             loop.call_soon_threadsafe(self.mailbox.deposit, h, payload)
 
-    def _lost(self, p: P2P, src: int, nbytes: int) -> PeerLostError:
+    def lost_with_stash(self, p: P2P, src: int, nbytes: int) -> PeerLostError:
+        """The error of receive ``p``, whose ``nbytes``-byte message from ``src`` was
+        lost with its sender's stash."""
         return PeerLostError(f"recv on rank {self.rank} from rank {src} ({tag_name(p.tag)})"
                              f": rank {src} left before its {nbytes}-byte message was "
                              "taken from its stash", ranks=[src])
 
-    def _header(self, raw: bytes, ring: int) -> wire.Header | None:
+    def ring_header(self, raw: bytes, ring: int) -> wire.Header | None:
+        """The header of record ``raw`` read from ``ring``; None if it is not one that
+        the ring's sender writes (the record is to be dropped)."""
         try:
             h = wire.decode_header(raw)
         except wire.ProtocolError:
@@ -359,7 +364,7 @@ class FastP2P:
     def _refusal(self, p: P2P, src: int) -> DistError | None:
         e = self.engine
         if e.rendezvous_lost is not None:
-            return e._no_rendezvous("recv")
+            return e.no_rendezvous("recv")
         dead = self.mailbox.is_dead(src)
         return dead if isinstance(dead, DistError) else None
 
@@ -378,15 +383,15 @@ class FastP2P:
         """On the loop: move every record of the rings to the mailbox."""
         if self.inbox is None:
             return
-        with self._drain_lock:
+        with self.drain_lock:
             inbox = self.inbox
             if inbox is None:
                 return
             for ring in inbox.nonempty():
                 while (rec := inbox.take(int(ring))) is not None:
-                    h = self._header(rec[0], int(ring))
+                    h = self.ring_header(rec[0], int(ring))
                     if h is not None:
-                        self._aside(h, rec[1], None)
+                        self.set_aside(h, rec[1], None)
 
     def forget(self, rank: int) -> None:
         """On the loop: ``rank`` is back as a new process. Messages with it go through

@@ -153,7 +153,7 @@ def _take_rings(p2p, m: Many) -> None:
     k, gid, tag = len(m.items), m.group.id, m.tag
     order = np.roll(rings, -(m.start % rings.size))
     m.start += 1
-    with p2p._drain_lock:
+    with p2p.drain_lock:
         progress = True
         while progress and len(m.taken) < k:
             progress = False
@@ -164,14 +164,14 @@ def _take_rings(p2p, m: Many) -> None:
                     raw = inbox.peek(ring)
                     if raw is None:
                         break
-                    h = p2p._header(raw, ring)
+                    h = p2p.ring_header(raw, ring)
                     if h is None:
                         inbox.take(ring)  # not what this ring's sender writes: dropped
                         continue
                     if not (h.group == gid and h.tag == tag and h.src in m.ranks
                             and h.seq == _expected(engine, m, h.src)):
                         rec = inbox.take(ring)  # another receive's: to the mailbox
-                        p2p._aside(h, rec[1], p2p.loop)
+                        p2p.set_aside(h, rec[1], p2p.loop)
                         continue
                     item = m.items[len(m.taken)]
                     fits = engine.p2p_check(item, h) is None
@@ -179,7 +179,7 @@ def _take_rings(p2p, m: Many) -> None:
                     payload = inbox.take(ring, into)[1]
                     if payload is None:
                         _took(engine, m, h.src, h.seq)
-                        raise p2p._lost(item, h.src, h.nbytes)
+                        raise p2p.lost_with_stash(item, h.src, h.nbytes)
                     p2p.received += 1
                     _fill(engine, m, h, payload, fits and payload is into)
                     progress = True
@@ -246,9 +246,9 @@ def _in_inbox(session, p2p, inbox, m: Many, loop) -> np.ndarray:
     deadline = time.monotonic() + timeout
     k = len(m.items)
     inbox.set_open(True)
-    patience = getattr(p2p, "_many_patience", None)
+    patience = p2p.many_patience
     if patience is None:
-        patience = p2p._many_patience = Patience(SPIN_MANY)
+        patience = p2p.many_patience = Patience(SPIN_MANY)
         patience.fit(len(p2p.local))
     spun = False
     try:

@@ -466,8 +466,10 @@ def torch_nccl_status() -> tuple[bool, str]:
     if not all(hasattr(c, f) for f in ("_nccl_init_rank", "_nccl_unique_id",
                                        "_nccl_all_reduce", "_nccl_version")):
         return False, "torch is not compiled with NCCL (torch.cuda.nccl is missing)"
+    import torch.cuda.nccl as nccl
+
     try:
-        c._nccl_init_rank(1, b"\0" * 5, 0)
+        nccl.init_rank(1, b"\0" * 5, 0)  # torch._C's, through its public wrapper
     except Exception as e:  # noqa: BLE001 - which exception tells the build apart
         return probe_verdict(e)
     return False, "torch.cuda.nccl.init_rank accepted a 5-byte unique id"

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from .compose import PHASE_TAGS
 from .schedule import Copy, Recv, Reduce, Schedule, Send
 
-__all__ = ["Arrow", "Picture", "arrow_path", "columns", "layout", "messages", "to_svg",
-           "to_text"]
+__all__ = ["Arrow", "Picture", "arrow_path", "columns", "curve", "layout", "messages",
+           "to_svg", "to_text"]
 
 # colour-blind-friendly pairs (reduced on arrival, stored), one pair per phase
 _PALETTE = [("#d62728", "#1f77b4"), ("#ff7f0e", "#2ca02c"), ("#9467bd", "#17becf"),
@@ -206,7 +206,7 @@ def layout(schedules: Sequence[Schedule], title: str | None = None) -> Picture:
     return pic
 
 
-def _curve(a: Arrow) -> tuple[float, float, float, float]:
+def curve(a: Arrow) -> tuple[float, float, float, float]:
     """The control point of an arrow's quadratic curve, and its label's position."""
     mx, my = (a.x1 + a.x2) / 2, (a.y1 + a.y2) / 2
     cx, cy = mx + a.bend, my
@@ -219,7 +219,7 @@ def arrow_path(a: Arrow, stop: float = 5.0, head: float = 8.0
                           list[tuple[float, float]]]:
     """(control point, end of the curve, arrowhead triangle) of an arrow that stops
     ``stop`` pixels short of its target, with a head ``head`` pixels long."""
-    cx, cy, _, _ = _curve(a)
+    cx, cy, _, _ = curve(a)
     dx, dy = a.x2 - cx, a.y2 - cy
     length = max(1e-9, (dx * dx + dy * dy) ** 0.5)
     ux, uy = dx / length, dy / length
@@ -243,7 +243,7 @@ def to_svg(pic: Picture) -> str:
                    f'stroke="{colour}" stroke-width="{width}"/>')
     labels = []
     for a in pic.arrows:
-        _, _, lx, ly = _curve(a)
+        _, _, lx, ly = curve(a)
         (cx, cy), (ex, ey), tri = arrow_path(a)
         dash = ' stroke-dasharray="4 3"' if a.dashed else ""
         out.append(f'<path d="M{a.x1:.1f},{a.y1:.1f} Q{cx:.1f},{cy:.1f} {ex:.1f},{ey:.1f}" '

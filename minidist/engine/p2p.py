@@ -28,7 +28,7 @@ class PointToPoint:
         over a Unix socket, without the loop. False (nothing written): use
         :meth:`send_p2p`."""
         conn = self._direct(p.peer)
-        return conn is not None and conn.send_now(loop, *self._p2p_frame(p))
+        return conn is not None and conn.send_now(loop, *self.p2p_frame(p))
 
     def _direct(self, dst: int) -> Connection | None:
         """The connection a frame to ``dst`` may be written on from the caller's thread:
@@ -37,7 +37,8 @@ class PointToPoint:
         return conn if conn is not None and conn.unix and dst not in self.lost \
             and dst not in self.left and self.rendezvous_lost is None else None
 
-    def _p2p_frame(self, p) -> tuple[bytes, memoryview | None]:
+    def p2p_frame(self, p) -> tuple[bytes, memoryview | None]:
+        """The frame of message ``p``: its header, and its payload (None if empty)."""
         nbytes = p.flat.nbytes
         header = wire.encode_header(wire.Header(
             wire.Kind.P2P, OBJECT_DTYPE if p.is_object else ops.dtype_code(p.flat.dtype), 0,
@@ -53,7 +54,7 @@ class PointToPoint:
         try:
             try:
                 async with asyncio.timeout(timeout):
-                    await self.endpoint.send(p.peer, *self._p2p_frame(p))
+                    await self.endpoint.send(p.peer, *self.p2p_frame(p))
             except PeerLostError as e:
                 raise await self._explain(p.peer, e) from None
         except (asyncio.CancelledError, DistError, TimeoutError) as e:

@@ -396,7 +396,7 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
     limit = seconds(timeout)
     w = C.barrier(g, blocking=not async_op and limit is None)
     if limit is not None:
-        w._limit = limit
+        w.limit = limit
     if async_op:
         return w
     w.wait()

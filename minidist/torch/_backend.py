@@ -42,7 +42,7 @@ from ..env import DEFAULT_TIMEOUT, LaunchConfig
 from ..errors import DistError
 from ..group import WORLD_ID, Group
 from . import _collectives as C
-from ._work import Work, seconds
+from ._work import Work, seconds, together
 
 BACKEND = "minidist"
 STORE_KEY = "minidist/rendezvous"
@@ -142,21 +142,11 @@ def _work(opts: Any, work: Work) -> Work:
     (``barrier(timeout=)``; unset is negative)."""
     t = getattr(opts, "timeout", None)
     if isinstance(t, datetime.timedelta) and t >= datetime.timedelta(0):
-        work._limit = seconds(t)
+        work.limit = seconds(t)
     return work
 
 
 _CPU = torch.device("cpu")
-
-
-def _many(works: list[Work], result: Any, what: str) -> Work:
-    futures = [f for w in works for f in w._futures]
-
-    def post() -> None:
-        for w in works:
-            w._finish()
-
-    return Work(futures, post, result, what)
 
 
 def _has_cuda() -> bool:
@@ -189,6 +179,20 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
     def minidist_group(self) -> Group | None:
         """The minidist group behind this process group (None: the world)."""
         return self._md_group
+
+    @property
+    def global_ranks(self) -> list[int]:
+        """The global ranks of this group's members, in group-rank order (a copy)."""
+        return list(self._ranks)
+
+    def successor(self, group: Group) -> ProcessGroupMinidist:
+        """A process group of the same class for ``group`` (made from this one's
+        members, this rank among them); it owns the session from now on if this one did
+        (torch's shrink_group destroys this one next)."""
+        me = self._ranks[self.rank()]
+        new = type(self)(group.rank_of(me), group.size, group, owns_session=self._owns)
+        self._owns = False
+        return new
 
     def getBackendName(self) -> str:
         return BACKEND
@@ -254,7 +258,7 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
     def _end_coalescing(self, device: Any = None) -> Work:
         """One Work for every call made since :meth:`_start_coalescing`."""
         works, self._coalesced = self._coalesced or [], None
-        return _many(works, [w._result for w in works], "coalesced")
+        return together(works, [w.outputs for w in works], "coalesced")
 
     def _issue(self, opts: Any, work: Work) -> Work:
         work = _work(opts, work)
@@ -314,7 +318,7 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else "SUM"
         works = [C.all_reduce(t, op, self._md_group) for t in tensors]
-        return self._issue(opts, _many(works, list(tensors), "allreduce_coalesced"))
+        return self._issue(opts, together(works, list(tensors), "allreduce_coalesced"))
 
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:
         root = opts.rootRank if opts is not None else 0
@@ -331,7 +335,7 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
         if len(output_lists) != 1:
             raise ValueError("minidist allgather: expects one output list")
         w = C.all_gather(output_lists[0], _one(inputs, "allgather"), self._md_group)
-        w._result = output_lists
+        w.outputs = output_lists
         return self._issue(opts, w)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
@@ -344,7 +348,7 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
                                         opts: Any = None) -> Any:
         works = [C.all_gather_into_tensor(o, i, self._md_group)
                  for o, i in zip(outputs, inputs)]
-        return self._issue(opts, _many(works, list(outputs), "allgather_into_tensor_coalesced"))
+        return self._issue(opts, together(works, list(outputs), "allgather_into_tensor_coalesced"))
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -361,7 +365,7 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
                                  f"{len(outs)} tensors for {len(inputs)} inputs")
         works = [C.all_gather([output_lists[j][i] for j in range(n)], t, self._md_group)
                  for i, t in enumerate(inputs)]
-        return self._issue(opts, _many(works, output_lists, "allgather_coalesced"))
+        return self._issue(opts, together(works, output_lists, "allgather_coalesced"))
 
     def reduce_scatter(self, outputs: Any, input_lists: Any, opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else "SUM"
@@ -382,7 +386,7 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
         op = opts.reduceOp if opts is not None else "SUM"
         works = [C.reduce_scatter_tensor(o, i, op, self._md_group)
                  for o, i in zip(outputs, inputs)]
-        return self._issue(opts, _many(works, list(outputs), "reduce_scatter_tensor_coalesced"))
+        return self._issue(opts, together(works, list(outputs), "reduce_scatter_tensor_coalesced"))
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
@@ -390,7 +394,7 @@ class ProcessGroupMinidist(tdist.ProcessGroup):
         root = self._global(opts.rootRank if opts is not None else 0)
         outs = output_lists[0] if len(output_lists) else None
         w = C.gather(_one(inputs, "gather"), outs, root, self._md_group)
-        w._result = output_lists
+        w.outputs = output_lists
         return self._issue(opts, w)
 
     def scatter(self, outputs: Any, input_lists: Any, opts: Any = None) -> Any:

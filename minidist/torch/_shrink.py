@@ -24,20 +24,22 @@ def shrink(pg: Any, ranks_to_exclude: list[int], flags: int = 0,
     :func:`minidist.shrink_group`), served by a new backend of the same class. The
     session, if ``pg`` owned it, is owned by the new backend from now on (torch destroys
     ``pg`` next)."""
-    members = pg._ranks
+    members = pg.global_ranks
     excluded = [members[int(r)] for r in ranks_to_exclude]
     g = elastic_api.shrink_group(excluded, group=pg.minidist_group)
-    me = pg._ranks[pg.rank()]
-    new = type(pg)(g.rank_of(me), g.size, g, owns_session=pg._owns)
-    pg._owns = False
+    new = pg.successor(g)
     _teach_torch()
     return new
 
 
+_taught: Any = None  # what _teach_torch put in torch's place
+
+
 def _teach_torch() -> None:
     """Make torch's shrink_group use a minidist backend as the new process group."""
+    global _taught
     original = getattr(c10d, "_create_shrunk_process_group", None)
-    if original is None or getattr(original, "_minidist", False):
+    if original is None or original is _taught:
         return
 
     def create(new_backend: Any, remaining_ranks: list[int], metadata: dict,
@@ -49,5 +51,5 @@ def _teach_torch() -> None:
                                     else f"{metadata['original_group_name']}:shrunk")
         return new_backend
 
-    create._minidist = True  # type: ignore[attr-defined]
+    _taught = create
     c10d._create_shrunk_process_group = create

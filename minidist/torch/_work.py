@@ -131,9 +131,9 @@ class Work(TorchWork):
                  devices: list[torch.device] | None = None) -> None:
         super().__init__()
         self._devices = devices  # CUDA devices of the outputs (for the torch Future)
-        self._futures = futures
+        self.futures = futures  #: the minidist calls this Work waits for
         self._post = post
-        self._result = result
+        self.outputs = result  #: what :meth:`result` returns (the output tensors)
         self._what = what
         self._src = source_rank  # a receive's sender: a global rank, or a callable
         self._src_ranks = group_ranks  # the receive's group (global ranks, in order)
@@ -143,27 +143,29 @@ class Work(TorchWork):
         self._done: torch.futures.Future | None = None  # completed when the call is
         self._tfut: torch.Future | None = None  # what get_future() returns
         #: seconds a plain ``wait()`` may take (a per-call timeout; None: no extra bound)
-        self._limit: float | None = None
+        self.limit: float | None = None
 
     # ------------------------------------------------------------------ completion
 
     def _all_done(self) -> bool:
-        return all(f.done() for f in self._futures)
+        return all(f.done() for f in self.futures)
 
-    def _finish(self, timeout: float | None = None) -> None:
-        """Wait for the minidist calls, run the final step once; raise the call's error."""
+    def finish(self, timeout: float | None = None) -> None:
+        """Wait (at most ``timeout`` seconds; None: no bound of its own) for the minidist
+        calls, run the final step once; raise the call's error (DistTimeoutError if the
+        calls are not done in time; they keep running)."""
         if not self._finished:
-            if not self._futures:
+            if not self.futures:
                 done, pending = set(), set()
-            elif len(self._futures) == 1:  # the usual case, without wait()'s waiters
-                f = self._futures[0]
+            elif len(self.futures) == 1:  # the usual case, without wait()'s waiters
+                f = self.futures[0]
                 with contextlib.suppress(concurrent.futures.TimeoutError,
                                          concurrent.futures.CancelledError):
                     f.exception(timeout)  # waits; the error itself is read below
                 done, pending = ({f}, set()) if f.done() else (set(), {f})
             else:
                 done, pending = concurrent.futures.wait(
-                    self._futures, timeout, return_when=concurrent.futures.FIRST_EXCEPTION)
+                    self.futures, timeout, return_when=concurrent.futures.FIRST_EXCEPTION)
             failed = next((f for f in done if _error_of(f) is not None), None)
             if failed is None and pending:
                 raise DistTimeoutError(f"{_PREFIX}Timed out waiting {timeout * 1000:.0f}ms "
@@ -187,7 +189,7 @@ class Work(TorchWork):
     def _complete_future(self) -> None:
         """On the completer: finish, then complete the torch Future."""
         try:
-            self._finish()
+            self.finish()
         except BaseException:
             pass  # kept in self._error: _outcome raises it into the torch Future
         if not self._done.done():
@@ -199,10 +201,10 @@ class Work(TorchWork):
         an exception passed to ``set_exception`` would look like a result to them)."""
         if self._error is not None:
             raise self._error
-        return self._result
+        return self.outputs
 
     def _arm(self) -> None:
-        remaining = [len(self._futures)]
+        remaining = [len(self.futures)]
         lock = threading.Lock()
 
         def one_done(f: concurrent.futures.Future) -> None:
@@ -212,9 +214,9 @@ class Work(TorchWork):
             if last or _error_of(f) is not None:
                 _schedule(self._complete_future)
 
-        if not self._futures:
+        if not self.futures:
             _schedule(self._complete_future)
-        for f in self._futures:
+        for f in self.futures:
             f.add_done_callback(one_done)
 
     # ------------------------------------------------------------------ torch's Work API
@@ -229,7 +231,7 @@ class Work(TorchWork):
         own: the call still ends within its group's timeout. Returns True, like torch.
         """
         t = seconds(timeout)
-        self._finish(self._limit if not t else t)
+        self.finish(self.limit if not t else t)
         return True
 
     def is_completed(self) -> bool:
@@ -239,7 +241,7 @@ class Work(TorchWork):
         if not self._all_done():
             return False
         try:
-            self._finish()
+            self.finish()
         except BaseException:
             pass
         return True
@@ -253,7 +255,7 @@ class Work(TorchWork):
     def result(self) -> Any:
         """The output tensors, once done (like torch's ``Work.result()``)."""
         self.wait()
-        return self._result
+        return self.outputs
 
     def source_rank(self) -> int:
         """The global rank a receive came from. For a receive from any source, known
@@ -337,6 +339,18 @@ class Done:
 
 
 DONE = Done()
+
+
+def together(works: list[Work], result: Any, what: str) -> Work:
+    """One Work for ``works`` (torch's coalesced calls): done once all of them are, its
+    final step theirs (in order), its error the first of theirs, its result ``result``."""
+    futures = [f for w in works for f in w.futures]
+
+    def post() -> None:
+        for w in works:
+            w.finish()
+
+    return Work(futures, post, result, what)
 
 
 def done_work(result: Any = None, what: str = "call") -> Work:
