@@ -1,0 +1,188 @@
+"""Starting a rank's process for ``minidist run``: its environment, a fork of the
+launcher (which imported numpy and minidist once: :func:`preload`) or a fresh process
+(spawn), and what a forked rank runs (:func:`run_target`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .options import RunOptions
+
+
+@dataclass
+class Child:
+    """A rank's process as the launcher knows it."""
+
+    rank: int
+    pid: int
+    out_fd: int
+    err_fd: int
+    popen: subprocess.Popen | None = None
+    returncode: int | None = None
+    exited: asyncio.Future | None = None  # done with the exit code (on the launcher's loop)
+
+
+def rank_env(opts: RunOptions, port: int, secret: str, local_rank: int) -> dict[str, str]:
+    """The variables a rank of this node finds in its environment (beside the
+    launcher's own): the job's address and secret, its ranks, torchrun's names."""
+    o = opts
+    return {
+        **o.env,
+        "MINIDIST_LAUNCHER": "1",
+        "MINIDIST_ADDR": o.master_addr,
+        "MINIDIST_PORT": str(port),
+        # torchrun's names too, so that torch code runs unchanged (torch.distributed's
+        # "minidist" backend joins this job's rendezvous, opening no port of its own)
+        "MASTER_ADDR": o.master_addr,
+        "MASTER_PORT": str(port),
+        "MINIDIST_SECRET": secret,
+        "RANK": str(o.node_rank * o.nproc + local_rank),
+        "WORLD_SIZE": str(o.nproc * o.nnodes),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(o.nproc),
+        "GROUP_RANK": str(o.node_rank),
+        "NODE_RANK": str(o.node_rank),
+        "PYTHONUNBUFFERED": "1",
+        # as torchrun does: N ranks of a node must not each start a thread per core
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or (
+            "1" if o.nproc > 1 else str(os.cpu_count() or 1)),
+    }
+
+
+def spawn(opts: RunOptions, env: dict[str, str]) -> subprocess.Popen:
+    """Start a rank as a fresh process (``python -u`` the script or module, or
+    ``opts.command``) in a session of its own, its output on two pipes; it dies with
+    this process."""
+    cmd = opts.command or [sys.executable, "-u", *(["-m"] if opts.module else []),
+                           opts.target, *opts.args]
+    launcher = os.getpid()
+    return subprocess.Popen(cmd, env={**os.environ, **env},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: die_with(launcher))
+
+
+def spawn_child(opts: RunOptions, rank: int, env: dict[str, str]) -> Child:
+    """:func:`spawn` rank ``rank``."""
+    p = spawn(opts, env)
+    return Child(rank, p.pid, p.stdout.fileno(), p.stderr.fileno(), p)
+
+
+def fork_child(opts: RunOptions, rank: int, env: dict[str, str],
+               started: Iterable[Child], listeners: Iterable[socket.socket]) -> Child:
+    """Fork rank ``rank`` from the launcher before it runs an event loop or a thread;
+    the child closes the pipes of the ranks ``started`` before it and the node's
+    ``listeners``, runs the target (:func:`run_target`) and exits with its code."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    launcher = os.getpid()
+    pid = os.fork()
+    if pid:
+        os.close(out_w)
+        os.close(err_w)
+        return Child(rank, pid, out_r, err_r)
+    # the child: never returns
+    code = 1
+    try:
+        os.setsid()
+        die_with(launcher)
+        for c in started:
+            os.close(c.out_fd)
+            os.close(c.err_fd)
+        for s in listeners:
+            s.close()
+        os.close(out_r)
+        os.close(err_r)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        for fd in (devnull, out_w, err_w):
+            os.close(fd)
+        code = run_target(opts, env)
+    finally:
+        os._exit(code)
+
+
+def die_with(parent: int) -> None:
+    """In a new rank: be killed when the launcher ``parent`` dies (Linux's
+    PR_SET_PDEATHSIG), so that a killed launcher leaves no rank behind."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux: ranks notice the lost rendezvous instead
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
+
+
+def preload() -> None:
+    """Import, once and before forking, what every rank would otherwise import itself."""
+    import runpy  # noqa: F401
+    import traceback  # noqa: F401
+
+    import numpy  # noqa: F401
+
+    from .. import api, calibrate  # noqa: F401
+
+    calibrate.load()  # read once here, not by every rank
+
+    with contextlib.suppress(ImportError):
+        import uvloop  # noqa: F401
+
+
+def run_target(opts: RunOptions, env: dict[str, str]) -> int:
+    """In a forked rank: run the script or module as ``__main__``; return its exit code."""
+    import atexit
+    import runpy
+    import traceback
+
+    # what a fresh interpreter has: Ctrl-C raises KeyboardInterrupt, SIGTERM ends the
+    # process, and a write to a closed socket raises an error instead of killing it
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    os.environ.update(env)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115
+    code = 0
+    try:
+        if opts.module:
+            sys.argv = [opts.target, *opts.args]
+            runpy.run_module(opts.target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [opts.target, *opts.args]
+            sys.path[0] = os.path.dirname(os.path.abspath(opts.target))
+            runpy.run_path(opts.target, run_name="__main__")
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif isinstance(e.code, int):
+            code = e.code
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        code = 1
+        try:
+            sys.excepthook(*sys.exc_info())
+        except Exception:
+            traceback.print_exc()
+    try:
+        atexit._run_exitfuncs()  # what the interpreter's exit would run (os._exit skips it)
+    except BaseException:
+        traceback.print_exc()
+    for f in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            f.flush()
+    return code
