@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from . import messages
 from .errors import DistError, DistTimeoutError
 from .group import Group, shrunk_group_id
 from .rendezvous.agreement import runs
@@ -102,28 +103,29 @@ class Elastic:
         return sorted(out)
 
     async def _ask(self, kind: str, g: Group, exclude: list[int], flag: bool,
-                   what: str) -> dict[str, Any]:
+                   what: str) -> messages.Reply:
         s = self.session
         key = (kind, g.id)
         seq = self._seq.get(key, 0)
         self._seq[key] = seq + 1
         if s.client is None:  # a world of one
             self._local_epoch += 1
-            return {"excluded": exclude, "value": flag, "epoch": self._local_epoch,
-                    "gone": []}
+            return messages.Reply(excluded=exclude, value=flag, epoch=self._local_epoch,
+                                  gone=[])
         timeout = s.timeout_of(g)
-        body = {"t": "agree", "kind": kind, "group": g.id, "seq": seq,
-                "runs": runs(g.ranks), "exclude": exclude, "flag": bool(flag),
-                "incarnations": {str(r): i for r, i in zip(g.ranks, g.incarnations) if i}}
+        request = messages.Agree(
+            kind=kind, group=g.id, seq=seq, runs=runs(g.ranks), exclude=exclude,
+            flag=bool(flag),
+            incarnations={str(r): i for r, i in zip(g.ranks, g.incarnations) if i})
         try:
-            reply = await s.client.request(body, timeout=timeout)
+            reply = await s.client.request(request, timeout=timeout)
         except DistTimeoutError:
             missing = [r for r in g.ranks if r not in exclude and self._alive(r)]
             raise DistTimeoutError(
                 f"{what} on {g!r} timed out after {timeout:g} s on rank {s.rank}: not every "
                 f"live member called it (members this rank takes for alive: {missing})",
                 collective=what, group=g) from None
-        return reply.body
+        return reply
 
     async def shrink(self, g: Group, exclude: list[int] | None) -> Group:
         """See :func:`minidist.shrink_group`."""
@@ -131,12 +133,12 @@ class Elastic:
         if len(ex) >= g.size:
             raise ValueError(f"shrink_group: excluding {ex} leaves nobody in {g!r}")
         answer = await self._ask("shrink", g, ex, True, "shrink_group")
-        out = {*answer["excluded"], *answer["gone"]}
+        out = {*(answer.excluded or ()), *(answer.gone or ())}
         ranks = tuple(r for r in g.ranks if r not in out)
         if self.session.rank not in ranks:
             raise DistError(f"shrink_group on {g!r}: rank {self.session.rank} is not in the "
                             f"shrunk group {list(ranks)}")
-        epoch = int(answer["epoch"])
+        epoch = int(answer.epoch or 0)
         incs = tuple(self.incarnations[r] for r in ranks)
         new = Group(shrunk_group_id(ranks, epoch), ranks, g.name, timeout=g.timeout,
                     epoch=epoch, incarnations=incs if any(incs) else ())
@@ -150,7 +152,7 @@ class Elastic:
         if not isinstance(flag, (bool, int)):
             raise TypeError(f"agree: flag must be a bool, not {type(flag).__name__}")
         answer = await self._ask("and", g, [], bool(flag), "agree")
-        return bool(answer["value"])
+        return bool(answer.value)
 
     async def wait_ranks(self, ranks: list[int], timeout: float | None) -> list[int]:
         """See :func:`minidist.wait_ranks`."""

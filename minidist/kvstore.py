@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import messages
 from .door import Door
 
 
@@ -19,43 +20,43 @@ class _Requests:
     def __init__(self, d: Door) -> None:
         self._door = d
 
-    def _ask(self, body: dict, blob: bytes = b"", timeout: float | None = None,
+    def _ask(self, request: messages.Message, timeout: float | None = None,
              field: str | None = None) -> Any:
         raise NotImplementedError
 
     def set(self, key: str, value: bytes | str) -> Any:
         """Set ``key`` to ``value``, waking every rank waiting for it."""
-        return self._ask({"t": "kv_set", "key": key}, _b(value))
+        return self._ask(messages.KvSet(key=key, value=_b(value)))
 
     def get(self, key: str, timeout: float | None = None) -> Any:
         """The value of ``key`` (bytes), waiting for it (DistTimeoutError past the
         deadline)."""
-        return self._ask({"t": "kv_get", "key": key}, timeout=timeout)
+        return self._ask(messages.KvGet(key=key), timeout=timeout)
 
     def add(self, key: str, amount: int = 1) -> Any:
         """Add to the integer counter ``key`` (created at 0); its new value."""
-        return self._ask({"t": "kv_add", "key": key, "amount": int(amount)}, field="value")
+        return self._ask(messages.KvAdd(key=key, amount=int(amount)), field="value")
 
     def wait(self, keys: list[str], timeout: float | None = None) -> Any:
         """Return once every key is set (DistTimeoutError past the deadline)."""
-        return self._ask({"t": "kv_wait", "keys": list(keys)}, timeout=timeout, field="-")
+        return self._ask(messages.KvWait(keys=list(keys)), timeout=timeout, field="-")
 
     def check(self, keys: list[str]) -> Any:
         """True if every key is set (never waits)."""
-        return self._ask({"t": "kv_check", "keys": list(keys)}, field="ok")
+        return self._ask(messages.KvCheck(keys=list(keys)), field="ok")
 
     def delete_key(self, key: str) -> Any:
         """Remove ``key``; True if it existed."""
-        return self._ask({"t": "kv_delete", "key": key}, field="ok")
+        return self._ask(messages.KvDelete(key=key), field="ok")
 
     def num_keys(self) -> Any:
         """How many keys are set."""
-        return self._ask({"t": "kv_num_keys"}, field="value")
+        return self._ask(messages.KvNumKeys(), field="value")
 
     def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> Any:
         """Set ``key`` to ``desired`` if it holds ``expected``; its value afterwards."""
-        return self._ask({"t": "kv_compare_set", "key": key,
-                          "expected": _b(expected).decode("latin-1")}, _b(desired))
+        return self._ask(messages.KvCompareSet(key=key, expected=_b(expected).decode("latin-1"),
+                                               desired=_b(desired)))
 
 
 def _pick(reply: tuple[dict[str, Any], bytes], field: str | None) -> Any:
@@ -66,14 +67,16 @@ def _pick(reply: tuple[dict[str, Any], bytes], field: str | None) -> Any:
 class Store(_Requests):
     """The job's key/value store, blocking; values are bytes."""
 
-    def _ask(self, body: dict, blob: bytes = b"", timeout: float | None = None,
+    def _ask(self, request: messages.Message, timeout: float | None = None,
              field: str | None = None) -> Any:
-        return _pick(self._door.block(self._door.store_request(body, blob, timeout)), field)
+        return _pick(self._door.block(self._door.store_request(request.body, request.blob,
+                                                               timeout)), field)
 
 
 class AsyncStore(_Requests):
     """The job's key/value store for :mod:`minidist.aio`: every method is awaited."""
 
-    async def _ask(self, body: dict, blob: bytes = b"", timeout: float | None = None,
+    async def _ask(self, request: messages.Message, timeout: float | None = None,
                    field: str | None = None) -> Any:
-        return _pick(await self._door.store_request(body, blob, timeout), field)
+        return _pick(await self._door.store_request(request.body, request.blob, timeout),
+                     field)

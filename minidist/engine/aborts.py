@@ -4,7 +4,7 @@ timeouts name the ranks that never arrived."""
 
 from __future__ import annotations
 
-from .. import wire
+from .. import messages, wire
 from ..errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError, again
 from ..plan import Call
 from .base import (
@@ -16,13 +16,13 @@ from .base import (
 class Aborts:
     """Aborts and stall reports: a failed call breaks its group and tells the other"""
 
-    def abort_received(self, body: dict) -> None:
+    def abort_received(self, abort: messages.Abort) -> None:
         """Another rank's call ``(group, seq)`` failed: the same call fails here, and the
         group is unusable from now on (every later call on it raises at once)."""
-        gid, seq = body["group"], body["seq"]
-        exc = _abort_error(body)
-        log.info("rank %s aborted call #%d of group %#x: %s", body.get("by"), seq, gid,
-                 body["reason"])
+        gid, seq = abort.group, abort.seq
+        exc = abort.error()
+        log.info("rank %s aborted call #%d of group %#x: %s", abort.by, seq, gid,
+                 abort.reason)
         self.broken.setdefault(gid, exc)
         for a in list(self._active):
             if a.call is not None and a.call.group.id == gid:
@@ -108,9 +108,9 @@ class Aborts:
         sig = [call.kind, call.dtype, call.op, call.algorithm, call.root, call.count,
                call.shape]
         try:
-            self.client.notify({"t": "stalled", "group": call.group.id, "seq": call.seq,
-                                "sig": sig, "call": call.describe(),
-                                "where": repr(call.group), "ranks": list(call.group.ranks)})
+            self.client.notify(messages.Stalled(
+                group=call.group.id, seq=call.seq, sig=sig, call=call.describe(),
+                where=repr(call.group), ranks=list(call.group.ranks)))
         except Exception as e:
             log.debug("could not report a stalled call: %s", e)
 
@@ -123,14 +123,9 @@ class Aborts:
             # group with a dead member fails on its own: n survivors telling n - 1 others
             # would be n^2 messages through the rendezvous just when it is needed most
             return
-        body = {"t": "abort", "ranks": list(call.group.ranks), "group": call.group.id,
-                "seq": call.seq, "reason": str(exc), "kind": "mismatch"}
-        if isinstance(exc, PeerLostError):
-            body.update(kind="lost", lost=list(exc.ranks), left=exc.left)
-        elif isinstance(exc, DistTimeoutError):
-            body.update(kind="timeout", missing=list(exc.missing))
+        abort = messages.Abort.of_error(exc, call.group.id, call.seq, list(call.group.ranks))
         try:
-            self.client.notify(body)
+            self.client.notify(abort)
         except Exception as e:  # the job is already failing; the local error still raises
             log.debug("could not broadcast abort: %s", e)
 
@@ -141,9 +136,9 @@ class Aborts:
         if self.client is not None and self.rendezvous_lost is None:
             try:
                 reply = await self.client.request(
-                    {"t": "progress", "group": call.group.id, "ranks": list(call.group.ranks)},
+                    messages.Progress(group=call.group.id, ranks=list(call.group.ranks)),
                     timeout=5.0)
-                entered = reply.body.get("entered", {})
+                entered = reply.entered or {}
                 missing = sorted(r for r in call.group.ranks if r != self.rank and (
                     str(r) not in entered or entered[str(r)] is None
                     or entered[str(r)] <= call.seq))
@@ -156,14 +151,3 @@ class Aborts:
             f"rank {self.rank}; {detail}", collective=name, group=call.group,
             missing=missing or sorted(waiting))
 
-
-def _abort_error(body: dict) -> DistError:
-    """The error an abort from another rank raises here."""
-    reason, kind = body["reason"], body.get("kind", "mismatch")
-    if kind == "lost":
-        return PeerLostError(reason, ranks=body.get("lost", ()), left=body.get("left", False))
-    if kind == "timeout":
-        by = body.get("by")
-        return DistTimeoutError(reason if by is None else f"{reason} (reported by rank {by})",
-                                missing=body.get("missing", ()))
-    return CollectiveMismatchError(reason)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from ..group import Group
+from ..messages import Message, Reply
 from ..plan import Call
 from ..transport.mailbox import Key
 
@@ -34,10 +35,10 @@ class Control(Protocol):
     """What the engine needs from the job's control plane (the rendezvous client): tell
     the other ranks something, and ask a question with a deadline."""
 
-    def notify(self, body: dict[str, Any]) -> None: ...
+    def notify(self, msg: Message) -> None: ...
 
-    async def request(self, body: dict[str, Any], blob: bytes = b"",
-                      timeout: float = 300.0) -> Any: ...
+    async def request(self, msg: Message, blob: bytes = b"",
+                      timeout: float = 300.0) -> Reply: ...
 
 
 def tag_name(tag: int) -> str:

@@ -15,17 +15,20 @@ import logging
 import os
 import socket
 
-from .. import fdlimits, wire
+from .. import fdlimits, messages, wire
 from ..env import advertise_addr
 from ..errors import DistTimeoutError, ProtocolError, RendezvousError
 from ..transport import addresses
 from ..transport.acceptor import HANDSHAKE_TIMEOUT, Acceptor
 from ..transport.sockets import PeerClosed, connect_handshake, tune_tcp
 from .client import node_identity
-from .control import read_control, write_control
+from .control import ControlReader, write_control
 from .listeners import HEARTBEAT, HEARTBEAT_TIMEOUT, bind_listeners
 
 log = logging.getLogger("minidist.agent")
+# the rendezvous' messages for the agent itself, not relayed (heartbeats only: the agent
+# notes that the rendezvous is alive whatever it hears from it)
+_FOR_THE_AGENT = frozenset({messages.Heartbeat.TYPE})
 
 
 class NodeAgent(Acceptor):
@@ -60,11 +63,11 @@ class NodeAgent(Acceptor):
         reader, self._up = await self._connect_master(timeout)
         host = advertise_addr(os.environ) or \
             self._up.get_extra_info("sockname")[0]
-        write_control(self._up, {"t": "agent_hello", "node": node_identity(), "host": host,
-                                 "port": self.port})
+        write_control(self._up, messages.AgentHello(node=node_identity(), host=host,
+                                                    port=self.port))
         for s in self._listeners:
             self._spawn(self._accept_loop(s))
-        self._spawn(self._from_master(reader))
+        self._spawn(self._from_master(ControlReader(reader)))
         self._spawn(self._heartbeats())
         return self.port
 
@@ -116,20 +119,22 @@ class NodeAgent(Acceptor):
                 f"the node agent could not reach the rendezvous at {self.master[0]}:"
                 f"{self.master[1]} within {timeout:g} s ({last})") from None
 
-    async def _from_master(self, reader: asyncio.StreamReader) -> None:
+    async def _from_master(self, reader: ControlReader) -> None:
+        """Relay the rendezvous' messages to this node's ranks (the agent's own, by
+        :data:`_FOR_THE_AGENT`, stay here)."""
         loop = asyncio.get_running_loop()
         self._heard = loop.time()
         reason = "the rendezvous closed its connection"
         try:
             while True:
-                msg = await read_control(reader)
+                msg = await reader.read()
                 self._heard = loop.time()
-                b = msg.body
-                if msg.type == "hb":
+                if msg.type in _FOR_THE_AGENT:
                     continue
-                w = self._local.get(b.pop("to", None))
+                cid, msg = messages.unroute(msg, "to")
+                w = self._local.get(cid)
                 if w is not None and not w.is_closing():
-                    write_control(w, b, msg.blob)
+                    write_control(w, msg)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         except ProtocolError as e:
@@ -150,7 +155,7 @@ class NodeAgent(Acceptor):
             if loop.time() - getattr(self, "_heard", loop.time()) > HEARTBEAT_TIMEOUT:
                 self._up.transport.abort()
                 return
-            write_control(self._up, {"t": "hb"})
+            write_control(self._up, messages.Heartbeat())
 
     # ------------------------------------------------------------------ local side
 
@@ -163,12 +168,13 @@ class NodeAgent(Acceptor):
         reader, writer = await asyncio.open_connection(sock=sock)
         cid = next(self._ids)
         self._local[cid] = writer
+        stream = ControlReader(reader)
         try:
             while True:
-                msg = await read_control(reader)
+                msg = await stream.read()
                 if self._up is None or self._up.is_closing():
                     break
-                write_control(self._up, {**msg.body, "via": cid}, msg.blob)
+                write_control(self._up, msg, via=cid)
                 await self._up.drain()
         except (asyncio.IncompleteReadError, ConnectionError, OSError, ProtocolError):
             pass
@@ -177,4 +183,4 @@ class NodeAgent(Acceptor):
             writer.close()
             if self._up is not None and not self._up.is_closing():
                 with contextlib.suppress(Exception):
-                    write_control(self._up, {"t": "gone", "via": cid})
+                    write_control(self._up, messages.Gone(via=cid))

@@ -2,8 +2,8 @@
 
 The rendezvous already knows which ranks are alive, so it can decide for a group what
 ULFM's ``MPIX_Comm_shrink`` and ``MPIX_Comm_agree`` decide with a consensus among the
-ranks. Each surviving member asks once (``{"t": "agree", "kind": ..., "group": ...,
-"seq": ..., "runs": [[first, last + 1], ...], "exclude": [...], "flag": ...}``); once
+ranks. Each surviving member asks once (a :class:`minidist.messages.Agree`: kind,
+group, seq, the members as [first, last + 1) runs, the ranks to exclude, a flag); once
 every member that is neither excluded nor known gone has asked, or died meanwhile, every
 caller gets the same answer: which members are left out (the excluded ones, and those
 found gone), a new epoch, and the AND of the callers' flags. A member that dies while
@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from .. import messages
 
 
 def runs(ranks: list[int] | tuple[int, ...]) -> list[list[int]]:
@@ -64,55 +66,55 @@ class Agreements:
     def __init__(self, incarnation: Callable[[int], int | None]) -> None:
         self._incarnation = incarnation
         self._pending: dict[tuple, _Pending] = {}
-        self._done: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
+        self._done: OrderedDict[tuple, messages.Reply] = OrderedDict()
         self._epochs = itertools.count(1)
 
-    def ask(self, client: Any, rank: int, b: dict[str, Any]) -> None:
-        """A member asks (``client.send`` takes the reply)."""
-        rid = b.get("id")
-        kind, spans, exclude = b.get("kind"), b.get("runs"), b.get("exclude", [])
+    def ask(self, client: Any, rank: int, b: messages.Agree | Mapping[str, Any]) -> None:
+        """A member asks (an Agree, or its JSON object); ``client.send`` takes the
+        :class:`~minidist.messages.Reply`."""
+        if not isinstance(b, messages.Agree):
+            b = messages.Agree.from_body(b)
+        rid = b.id
+
+        def refuse(why: str) -> None:
+            client.send(messages.Reply(id=rid, error=why))
+
+        kind, spans = b.kind, b.runs
+        exclude = [] if b.exclude is None else b.exclude
         if kind not in KINDS or not isinstance(spans, list) or not isinstance(exclude, list) \
                 or not all(isinstance(r, int) for r in exclude):
-            client.send({"t": "reply", "id": rid, "error": f"bad agreement request {b!r}"})
-            return
-        key = (kind, b.get("group"), b.get("seq"))
+            return refuse(f"bad agreement request {b.body!r}")
+        key = (kind, b.group, b.seq)
         done = self._done.get(key)
         if done is not None:  # decided without this caller: it was taken for gone
-            if rank not in done["gone"] and rank not in done["excluded"]:
-                client.send({"t": "reply", "id": rid, **done})
+            if rank not in done.gone and rank not in done.excluded:
+                client.send(replace(done, id=rid))
             else:
-                client.send({"t": "reply", "id": rid, "error": (
+                refuse(
                     f"rank {rank} came to {kind} call #{key[2]} of group {key[1]:#x} after "
-                    f"the others had decided without it")})
+                    f"the others had decided without it")
             return
         p = self._pending.get(key)
         if p is None:
             try:
                 members = expand(spans)
             except (TypeError, ValueError):
-                client.send({"t": "reply", "id": rid,
-                             "error": f"bad agreement request {b!r}"})
-                return
+                return refuse(f"bad agreement request {b.body!r}")
             # the incarnations the group was made with (those not 0): a member restarted
             # since then is as gone for this group as a dead one
-            incs = b.get("incarnations") or {}
+            incs = b.incarnations or {}
             p = self._pending[key] = _Pending(
                 members, {r: int(incs.get(str(r), 0)) for r in members}, spans=spans)
             p.waiting = {r for r in members if self._alive(p, r)}
         elif p.spans != spans:
-            client.send({"t": "reply", "id": rid, "error": (
-                f"{kind}: rank {rank} called it on members {expand(spans)}, another "
-                f"member on {list(p.members)}")})
-            return
-        members = p.members
+            return refuse(f"{kind}: rank {rank} called it on members {expand(spans)}, "
+                          f"another member on {list(p.members)}")
         if rank in p.exclude or rank in exclude or rank not in p.incarnations:
-            client.send({"t": "reply", "id": rid, "error": (
-                f"{kind}: rank {rank} is excluded from (or not a member of) the group it "
-                "called it on; only the members that stay call it")})
-            return
+            return refuse(f"{kind}: rank {rank} is excluded from (or not a member of) the "
+                          "group it called it on; only the members that stay call it")
         p.exclude.update(exclude)
         p.waiting.difference_update(exclude)
-        p.asked[rank] = (client, rid, bool(b.get("flag", True)))
+        p.asked[rank] = (client, rid, bool(b.flag))
         p.waiting.discard(rank)
         if not p.waiting:
             self._decide(key, p)
@@ -135,14 +137,14 @@ class Agreements:
         left = [r for r in p.members if r in p.asked and self._alive(p, r)]
         # the answer names what is left out (usually a few ranks), not what stays
         stay = set(left)
-        answer: dict[str, Any] = {
-            "value": all(p.asked[r][2] for r in left),
-            "excluded": sorted(p.exclude),
-            "gone": [r for r in p.members if r not in stay and r not in p.exclude],
-            "epoch": next(self._epochs) if key[0] == "shrink" else 0}
+        answer = messages.Reply(
+            value=all(p.asked[r][2] for r in left),
+            excluded=sorted(p.exclude),
+            gone=[r for r in p.members if r not in stay and r not in p.exclude],
+            epoch=next(self._epochs) if key[0] == "shrink" else 0)
         self._done[key] = answer
         while len(self._done) > FINISHED_KEPT:
             self._done.popitem(last=False)
         for r in left:
             client, rid, _ = p.asked[r]
-            client.send({"t": "reply", "id": rid, **answer})
+            client.send(replace(answer, id=rid))

@@ -8,14 +8,15 @@ import itertools
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
-from .. import fdlimits, wire
+from .. import fdlimits, messages, wire
 from ..errors import DistTimeoutError, PeerLostError, ProtocolError, RendezvousError
 from ..transport import addresses
 from ..transport.sockets import PeerClosed, connect_handshake
-from .control import read_control, write_control
+from .control import ControlReader, write_control
 
 log = logging.getLogger("minidist.rendezvous")
 
@@ -32,11 +33,11 @@ def node_identity() -> str:
 class RendezvousClient:
     """One rank's control connection. Pushed events go to the callbacks:
     ``on_lost(rank, reason)`` (a rank died; -1: the rendezvous itself is gone),
-    ``on_left(ranks)`` (ranks left normally), ``on_abort(body)``, and
-    ``on_query(group) -> int``."""
+    ``on_left(ranks)`` (ranks left normally), ``on_abort(abort)`` (a
+    :class:`~minidist.messages.Abort`), and ``on_query(group) -> int``."""
 
     def __init__(self, secret: bytes, on_lost: Callable[[int, str], None],
-                 on_abort: Callable[[dict], None], on_query: Callable[[int], int],
+                 on_abort: Callable[[messages.Abort], None], on_query: Callable[[int], int],
                  on_left: Callable[[list[int]], None] = lambda ranks: None) -> None:
         self.secret = secret
         self.job = addresses.job_key(secret)
@@ -46,7 +47,7 @@ class RendezvousClient:
         self.on_query = on_query
         # a rank that died is back as a new process: on_back(rank, incarnation)
         self.on_back: Callable[[int, int], None] = lambda rank, incarnation: None
-        self._reader: asyncio.StreamReader | None = None
+        self._reader: ControlReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, asyncio.Future] = {}
         self._ids = itertools.count(1)
@@ -55,6 +56,12 @@ class RendezvousClient:
         self._closing = False
         self._joined = False  # welcomed: from now on, losing the rendezvous is news
         self.server_gone: str | None = None
+        # what each message from the rendezvous does
+        self._handlers: dict[type[messages.Message], Callable[[Any], None]] = {
+            messages.Reply: self._on_reply, messages.Welcome: self._on_welcome,
+            messages.Error: self._on_error, messages.Lost: self._on_lost,
+            messages.Left: self._on_left, messages.Back: self._on_back,
+            messages.Abort: self._on_abort, messages.Query: self._on_query}
 
     async def connect(self, host: str, port: int, timeout: float) -> None:
         """Connect to this node's agent (a Unix socket; the rendezvous itself on the first
@@ -88,7 +95,8 @@ class RendezvousClient:
                         await asyncio.sleep(delay)
                         delay = min(delay * 1.5, 0.5)
                         continue
-                    self._reader, self._writer = await asyncio.open_connection(sock=sock)
+                    reader, self._writer = await asyncio.open_connection(sock=sock)
+                    self._reader = ControlReader(reader)
                     self._task = loop.create_task(self._read_loop())
                     return
         except TimeoutError:
@@ -106,16 +114,16 @@ class RendezvousClient:
         """Announce this rank (``read_key``: see :func:`minidist.peer_memory.key`); return
         the welcome once every rank has arrived."""
         self._welcome = asyncio.get_running_loop().create_future()
-        self._send({"t": "register", "rank": rank, "world_size": world_size,
-                    "local_rank": local_rank, "node": node_identity(), "pid": os.getpid(),
-                    "reads": read_key})
+        self._send(messages.Register(rank=rank, world_size=world_size,
+                                     local_rank=local_rank, node=node_identity(),
+                                     pid=os.getpid(), reads=read_key))
         try:
             async with asyncio.timeout(timeout):
                 return await self._welcome
         except TimeoutError:
             missing: list[int] = []
             with contextlib.suppress(Exception):
-                joined = (await self.request({"t": "joined"}, timeout=2.0)).body["value"]
+                joined = (await self.request(messages.Joined(), timeout=2.0)).value
                 missing = sorted(set(range(world_size)) - set(joined))
             raise DistTimeoutError(
                 f"rank {rank}: not every one of the {world_size} ranks joined the "
@@ -123,30 +131,32 @@ class RendezvousClient:
                 + (f"; ranks that never joined: {missing}" if missing else ""),
                 collective="init", missing=missing) from None
 
-    async def request(self, body: dict[str, Any], blob: bytes = b"",
-                      timeout: float = 300.0) -> wire.Control:
-        """Send a request and wait for its reply (RendezvousError if the server errs)."""
+    async def request(self, msg: messages.Message | Mapping[str, Any], blob: bytes = b"",
+                      timeout: float = 300.0) -> messages.Reply:
+        """Send a request (a message with an ``id`` field, or the JSON object and blob of
+        one) and wait for its reply (RendezvousError if the server errs)."""
+        if not isinstance(msg, messages.Message):
+            msg = messages.parse(msg, blob)
         rid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
-        self._send({**body, "id": rid}, blob)
+        self._send(replace(msg, id=rid))
         try:
             async with asyncio.timeout(timeout):
-                reply: wire.Control = await fut
+                reply: messages.Reply = await fut
         except TimeoutError:
-            raise DistTimeoutError(f"rendezvous request {body.get('t')} timed out after "
+            raise DistTimeoutError(f"rendezvous request {msg.type} timed out after "
                                    f"{timeout:.0f} s") from None
         finally:
             self._pending.pop(rid, None)
-        if reply.body.get("timeout"):
-            raise DistTimeoutError(reply.body["error"])
-        if "error" in reply.body:
-            raise RendezvousError(reply.body["error"])
+        err = reply.exception()
+        if err is not None:
+            raise err
         return reply
 
-    def notify(self, body: dict[str, Any]) -> None:
+    def notify(self, msg: messages.Message) -> None:
         """Send a message that has no reply."""
-        self._send(body)
+        self._send(msg)
 
     async def close(self, graceful: bool = True) -> None:
         self._closing = True
@@ -156,7 +166,7 @@ class RendezvousClient:
                 # crowded machine the loop may wait seconds for its turn, so wait for the
                 # write (closing flushes what is still buffered) rather than give up
                 with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):
-                    self._send({"t": "bye"})
+                    self._send(messages.Bye())
                     await asyncio.wait_for(self._writer.drain(), 10.0)
                     # then close only our sending half and read on until the rendezvous
                     # closes: were we to close while its news to us is in flight, its
@@ -172,16 +182,16 @@ class RendezvousClient:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
 
-    def _send(self, body: dict[str, Any], blob: bytes = b"") -> None:
+    def _send(self, msg: messages.Message) -> None:
         if self._writer is None or self._writer.is_closing():
             raise PeerLostError(f"the rendezvous is gone: {self.server_gone or 'closed'}")
-        write_control(self._writer, body, blob)
+        write_control(self._writer, msg)
 
     async def _read_loop(self) -> None:
         reason = "the rendezvous closed the connection"
         try:
             while True:
-                msg = await read_control(self._reader)
+                msg = await self._reader.read()
                 if not self._closing:  # after our goodbye, news is no longer ours
                     self._dispatch(msg)
         except asyncio.CancelledError:
@@ -201,34 +211,45 @@ class RendezvousClient:
         if not self._closing and self._joined:  # before that, register() raises
             self.on_lost(-1, reason)
 
-    def _dispatch(self, msg: wire.Control) -> None:
-        b = msg.body
-        t = msg.type
-        if t == "reply":
-            fut = self._pending.get(b.get("id"))
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
-        elif t == "welcome":
-            if self._welcome is not None and not self._welcome.done():
-                self._joined = True
-                self._welcome.set_result(b)
-        elif t == "error":
-            if self._welcome is not None and not self._welcome.done():
-                msg = b.get("msg", "refused")
-                err = PeerLostError(msg, ranks=b["lost"]) if b.get("lost") else \
-                    RendezvousError(msg)
-                err.retry = bool(b.get("retry"))
-                self._welcome.set_exception(err)
-        elif t == "lost":
-            self.on_lost(b["rank"], b.get("reason", ""))
-        elif t == "left":
-            self.on_left(list(b["ranks"]))
-        elif t == "back":
-            self.on_back(int(b["rank"]), int(b["incarnation"]))
-        elif t == "abort":
-            self.on_abort(b)
-        elif t == "query":
-            self._send({"t": "query_reply", "qid": b["qid"],
-                        "entered": self.on_query(b["group"])})
-        else:
-            log.warning("unknown message from the rendezvous: %r", t)
+    def _dispatch(self, control: wire.Control) -> None:
+        """Act on one message from the rendezvous (one of another version's types is
+        logged and dropped; a message that lacks a field raises ProtocolError)."""
+        try:
+            msg = messages.decode(control)
+        except messages.UnknownMessageError:
+            log.warning("unknown message from the rendezvous: %r", control.type)
+            return
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            log.warning("unexpected message from the rendezvous: %r", msg.type)
+            return
+        handler(msg)
+
+    def _on_reply(self, m: messages.Reply) -> None:
+        fut = self._pending.get(m.id)
+        if fut is not None and not fut.done():
+            fut.set_result(m)
+
+    def _on_welcome(self, m: messages.Welcome) -> None:
+        if self._welcome is not None and not self._welcome.done():
+            self._joined = True
+            self._welcome.set_result(m.body)
+
+    def _on_error(self, m: messages.Error) -> None:
+        if self._welcome is not None and not self._welcome.done():
+            self._welcome.set_exception(m.exception())
+
+    def _on_lost(self, m: messages.Lost) -> None:
+        self.on_lost(m.rank, m.reason)
+
+    def _on_left(self, m: messages.Left) -> None:
+        self.on_left(list(m.ranks))
+
+    def _on_back(self, m: messages.Back) -> None:
+        self.on_back(int(m.rank), int(m.incarnation))
+
+    def _on_abort(self, m: messages.Abort) -> None:
+        self.on_abort(m)
+
+    def _on_query(self, m: messages.Query) -> None:
+        self._send(messages.QueryReply(qid=m.qid, entered=self.on_query(m.group)))

@@ -13,18 +13,21 @@ import itertools
 import logging
 import os
 import socket
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
-from .. import wire
+from .. import messages, wire
 from ..errors import ProtocolError
 from ..transport import addresses
 from ..transport.acceptor import Acceptor
+from .agents import AgentLinks
 from .agreement import Agreements
+from .channels import Channel, Client
 from .client import node_identity
-from .control import read_control, write_control
+from .control import ControlReader
 from .listeners import HEARTBEAT, HEARTBEAT_TIMEOUT, bind_listeners  # noqa: F401
+from .stalls import Stalls
 from .store import KeyValueStore
 
 log = logging.getLogger("minidist.rendezvous")
@@ -32,58 +35,7 @@ log = logging.getLogger("minidist.rendezvous")
 
 QUERY_TIMEOUT = 3.0
 DEPARTURES_EVERY = 0.05  # seconds over which departures are gathered into one message
-STALLS_KEPT = 4096  # stalled calls whose reports the server compares
-
-
-class _Channel:
-    """Where a client's messages go: its own stream, or its node agent's stream with the
-    client's id attached."""
-
-    def __init__(self, writer: asyncio.StreamWriter, cid: int | None = None) -> None:
-        self.writer = writer
-        self.cid = cid
-
-    def send(self, body: dict[str, Any], blob: bytes = b"") -> None:
-        if not self.writer.is_closing():
-            write_control(self.writer, body if self.cid is None else {**body, "to": self.cid},
-                          blob)
-
-    async def drain(self) -> None:
-        await self.writer.drain()
-
-    def closing(self) -> bool:
-        return self.writer.is_closing()
-
-    def close(self) -> None:
-        if self.cid is None:
-            self.writer.close()
-
-
-@dataclass(eq=False)
-class _Agent:
-    """A node agent connected to this rendezvous, relaying its node's ranks."""
-
-    writer: asyncio.StreamWriter
-    node: str = ""
-    host: str = ""
-    port: int = 0
-    last_heard: float = 0.0
-    clients: dict[int, _Client] = field(default_factory=dict)
-
-
-@dataclass
-class _Client:
-    channel: _Channel
-    rank: int = -1
-    node: str = ""
-    pid: int = 0
-    reads: str | None = None  # what a peer must share to read its memory (peer_memory)
-    registered: bool = False
-    said_bye: bool = False
-    queries: dict[int, asyncio.Future] = field(default_factory=dict)
-
-    def send(self, body: dict[str, Any], blob: bytes = b"") -> None:
-        self.channel.send(body, blob)
+Handler = Callable[[Client, Any], Awaitable[None] | None]
 
 
 class RendezvousServer(Acceptor):
@@ -106,23 +58,35 @@ class RendezvousServer(Acceptor):
         self.store = KeyValueStore()
         self.lost: dict[int, str] = {}
         self.left: set[int] = set()
-        self._clients: dict[int, _Client] = {}
+        self._clients: dict[int, Client] = {}
         self._listeners: list[socket.socket] = []
         self._tasks: set[asyncio.Task] = set()
         self._welcomed = False
-        self._next: list[tuple[_Client, int, dict[str, Any]]] = []
+        self._next: list[tuple[Client, int, messages.Register]] = []
         self._query_ids = itertools.count(1)
         self._closed = False
         self._shutting_down = False
-        self._agents: set[_Agent] = set()
-        self._stalls: OrderedDict[tuple[int, int], dict[int, dict[str, Any]]] = OrderedDict()
+        self._agents = AgentLinks(self._handle, self._gone)
+        self._stalls = Stalls()
         self._departing: list[int] = []
         self._departures: asyncio.TimerHandle | None = None
         self.node = node_identity()
         # ranks restarted after they died: how often (absent: never); see _readmit
         self.incarnations: dict[int, int] = {}
-        self._welcome_body: dict[str, Any] | None = None
+        self._welcome_msg: messages.Welcome | None = None
+        self._node_names: list[str] = []  # each rank's node, as the welcome found them
         self.agreements = Agreements(self._alive_incarnation)
+        # what each message from a rank does (a handler may return an awaitable: the
+        # connection reads on once it is done)
+        self._handlers: dict[type[messages.Message], Handler] = {
+            messages.Register: self._register, messages.Joined: self._joined,
+            messages.Bye: self._bye, messages.Abort: self._abort,
+            messages.Stalled: self._stalled, messages.Progress: self._progress_later,
+            messages.QueryReply: self._query_reply, messages.Agree: self._agree,
+            # a get or a wait may wait: the connection goes on meanwhile
+            messages.KvGet: self._kv_later, messages.KvWait: self._kv_later,
+            **{t: self._kv_now for t in messages.KV_REQUESTS
+               if t not in (messages.KvGet, messages.KvWait)}}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -138,7 +102,7 @@ class RendezvousServer(Acceptor):
         self._listeners = list(listeners)
         for s in self._listeners:
             self._spawn(self._accept_loop(s))
-        self._spawn(self._heartbeats())
+        self._spawn(self._agents.heartbeats())
         return self.port
 
     async def close(self) -> None:
@@ -154,8 +118,7 @@ class RendezvousServer(Acceptor):
                 os.unlink(addresses.agent_address(self.job))
         for c in list(self._clients.values()):
             c.channel.close()
-        for a in list(self._agents):
-            a.writer.close()
+        self._agents.close()
         tasks = list(self._tasks)
         for t in tasks:
             t.cancel()
@@ -179,10 +142,10 @@ class RendezvousServer(Acceptor):
         log.info("rank %d died: %s", rank, reason)
         if not self._welcomed:
             for c in list(self._clients.values()):
-                c.send({"t": "error", "msg": f"rank {rank} died before every rank joined "
-                        f"the job ({reason})", "lost": [rank]})
+                c.send(messages.Error(msg=f"rank {rank} died before every rank joined "
+                                      f"the job ({reason})", lost=[rank]))
             return
-        self._send_all({"t": "lost", "rank": rank, "reason": reason}, skip=rank)
+        self._send_all(messages.Lost(rank=rank, reason=reason), skip=rank)
         self.agreements.gone(rank)
 
     def _alive_incarnation(self, rank: int) -> int | None:
@@ -198,18 +161,13 @@ class RendezvousServer(Acceptor):
         elif not self._welcomed and rank not in self._clients and rank not in self.left:
             self.declare_lost(rank, "its process exited before it called init()")
 
-    def _send_all(self, body: dict[str, Any], skip: int = -1, leaving: bool = True) -> None:
+    def _send_all(self, msg: messages.Message, skip: int = -1, leaving: bool = True) -> None:
         """Send one message to every registered rank but ``skip`` (and, unless
         ``leaving``, but those that said goodbye); encoded once for direct connections."""
-        raw = wire.encode_control(body)
+        raw = msg.encode()
         for c in list(self._clients.values()):
-            if c.rank == skip or (c.said_bye and not leaving):
-                continue
-            if c.channel.cid is None:
-                if not c.channel.closing():
-                    c.channel.writer.write(raw)
-            else:
-                c.send(body)
+            if c.rank != skip and (leaving or not c.said_bye):
+                c.channel.send_raw(raw, msg)
 
     def _departed(self, rank: int) -> None:
         """``rank`` left normally: tell the ranks still at work, a batch at a time (at the
@@ -225,7 +183,7 @@ class RendezvousServer(Acceptor):
     def _flush_departures(self) -> None:
         ranks, self._departing, self._departures = self._departing, [], None
         if ranks:
-            self._send_all({"t": "left", "ranks": ranks}, leaving=False)
+            self._send_all(messages.Left(ranks=ranks), leaving=False)
 
     # ------------------------------------------------------------------ connections
 
@@ -236,12 +194,13 @@ class RendezvousServer(Acceptor):
             return
         reader, writer = await asyncio.open_connection(sock=sock)
         if hello.role == wire.Role.AGENT:
-            await self._agent_session(reader, writer, sock)
+            await self._agents.serve(reader, writer, sock)
             return
-        client = _Client(_Channel(writer))
+        client = Client(Channel(writer))
+        stream = ControlReader(reader)
         try:
             while True:
-                msg = await read_control(reader)
+                msg = await stream.read()
                 await self._handle(client, msg)
                 if not writer.is_closing():
                     try:
@@ -256,60 +215,7 @@ class RendezvousServer(Acceptor):
             writer.close()
             self._gone(client)
 
-    async def _agent_session(self, reader: asyncio.StreamReader,
-                             writer: asyncio.StreamWriter, sock: socket.socket) -> None:
-        """Serve every rank of another node through that node's agent."""
-        loop = asyncio.get_running_loop()
-        agent = _Agent(writer, last_heard=loop.time())
-        self._agents.add(agent)
-        reason = "the connection to its node's agent closed"
-        try:
-            while True:
-                msg = await read_control(reader)
-                agent.last_heard = loop.time()
-                b = msg.body
-                t = msg.type
-                if t == "agent_hello":
-                    agent.node, agent.port = str(b["node"]), int(b["port"])
-                    agent.host = b.get("host") or sock.getpeername()[0]
-                elif t == "hb":
-                    pass
-                elif t == "gone":
-                    c = agent.clients.pop(b["via"], None)
-                    if c is not None:
-                        self._gone(c)
-                else:
-                    cid = b.pop("via")
-                    c = agent.clients.get(cid)
-                    if c is None:
-                        c = agent.clients[cid] = _Client(_Channel(writer, cid))
-                    await self._handle(c, wire.Control(b, msg.blob))
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, OSError):
-            if agent.last_heard + HEARTBEAT_TIMEOUT < loop.time():
-                reason = (f"its node ({agent.host}) stopped answering for "
-                          f"{HEARTBEAT_TIMEOUT:g} s")
-        except ProtocolError as e:
-            reason = f"protocol error from its node's agent: {e}"
-            log.error("rendezvous: %s", reason)
-        finally:
-            writer.close()
-            self._agents.discard(agent)
-            for c in list(agent.clients.values()):
-                self._gone(c, reason)
-
-    async def _heartbeats(self) -> None:
-        """Tell each node agent we are alive; drop agents that went silent."""
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(HEARTBEAT)
-            for a in list(self._agents):
-                if a.last_heard + HEARTBEAT_TIMEOUT < loop.time():
-                    a.writer.transport.abort()
-                elif not a.writer.is_closing():
-                    write_control(a.writer, {"t": "hb"})
-
-    def _gone(self, client: _Client,
+    def _gone(self, client: Client,
               reason: str = "its process exited or closed its connection") -> None:
         for fut in client.queries.values():
             if not fut.done():
@@ -325,66 +231,84 @@ class RendezvousServer(Acceptor):
 
     # ------------------------------------------------------------------ messages
 
-    async def _handle(self, c: _Client, msg: wire.Control) -> None:
-        b = msg.body
-        t = msg.type
-        if t == "register":
-            self._register(c, b)
-            return
-        if not c.registered:
-            raise ProtocolError(f"message {t!r} before register")
-        rid = b.get("id")
-        if t in ("kv_get", "kv_wait"):  # may wait: the connection goes on meanwhile
-            self._spawn(self._kv_wait(c, b))
-        elif t.startswith("kv_"):
-            try:
-                fields, value = await self.store.serve(b, msg.blob)
-            except (ValueError, KeyError, TypeError) as e:
-                raise ProtocolError(f"bad key/value request {t!r}: {e}") from None
-            c.send({"t": "reply", "id": rid, **fields}, value)
-        elif t == "joined":
-            c.send({"t": "reply", "id": rid, "value": sorted(self._clients)})
-        elif t == "abort":
-            fwd = {k: v for k, v in b.items() if k not in ("ranks", "id")}
-            fwd["by"] = c.rank
-            for r in b["ranks"]:
-                peer = self._clients.get(r)
-                if peer is not None and r != c.rank:
-                    peer.send(fwd)
-        elif t == "stalled":
-            self._stalled(c, b)
-        elif t == "progress":
-            self._spawn(self._progress(c, b))
-        elif t == "query_reply":
-            fut = c.queries.pop(b["qid"], None)
-            if fut is not None and not fut.done():
-                fut.set_result(b.get("entered"))
-        elif t == "bye":
-            c.said_bye = True
-        elif t == "agree":
-            self.agreements.ask(c, c.rank, b)
-        else:
-            raise ProtocolError(f"unknown control message {t!r}")
+    async def _handle(self, c: Client, control: wire.Control) -> None:
+        """Act on one message of a rank, by :attr:`_handlers`; ProtocolError for one no
+        rank sends, one that lacks a field, or one before the rank registered."""
+        msg = messages.decode(control)
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            raise ProtocolError(f"unknown control message {msg.type!r}")
+        if not c.registered and not isinstance(msg, messages.Register):
+            raise ProtocolError(f"message {msg.type!r} before register")
+        pending = handler(c, msg)
+        if pending is not None:
+            await pending
 
-    def _register(self, c: _Client, b: dict[str, Any]) -> None:
-        def refuse(why: str) -> None:
-            c.send({"t": "error", "msg": why})
+    async def _kv_now(self, c: Client, m: messages.Message) -> None:
+        try:
+            reply = await self.store.answer(m)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ProtocolError(f"bad key/value request {m.type!r}: {e}") from None
+        c.send(reply)
+
+    def _kv_later(self, c: Client, m: messages.Message) -> None:
+        self._spawn(self._kv_wait(c, m))
+
+    async def _kv_wait(self, c: Client, m: messages.Message) -> None:
+        c.send(await self.store.reply(m))
+        with contextlib.suppress(ConnectionError):
+            await c.channel.drain()
+
+    def _joined(self, c: Client, m: messages.Joined) -> None:
+        c.send(messages.Reply(id=m.id, value=sorted(self._clients)))
+
+    def _bye(self, c: Client, m: messages.Bye) -> None:
+        c.said_bye = True
+
+    def _abort(self, c: Client, m: messages.Abort) -> None:
+        """Forward a rank's abort to the other ranks it names."""
+        fwd = replace(m, ranks=None, by=c.rank)
+        for r in m.ranks or ():
+            peer = self._clients.get(r)
+            if peer is not None and r != c.rank:
+                peer.send(fwd)
+
+    def _stalled(self, c: Client, m: messages.Stalled) -> None:
+        """A rank has waited a while in a call: if another rank waits in the same call
+        having called something else, abort it on every rank of the group."""
+        abort = self._stalls.report(c.rank, m)
+        if abort is None:
+            return
+        for r in m.ranks:
+            peer = self._clients.get(r)
+            if peer is not None:
+                peer.send(abort)
+
+    def _query_reply(self, c: Client, m: messages.QueryReply) -> None:
+        fut = c.queries.pop(m.qid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(m.entered)
+
+    def _agree(self, c: Client, m: messages.Agree) -> None:
+        self.agreements.ask(c, c.rank, m)
+
+    def _register(self, c: Client, m: messages.Register) -> None:
+        def refuse(why: str, retry: bool | None = None) -> None:
+            c.send(messages.Error(msg=why, retry=retry))
 
         if c.registered:
             return refuse("already registered")
         if self._shutting_down:
-            c.send({"t": "error", "retry": True,
-                    "msg": "this rendezvous is shutting down; a new one will follow"})
-            return
+            return refuse("this rendezvous is shutting down; a new one will follow", True)
         if self.lost and not self._welcomed:
             rank, why = next(iter(self.lost.items()))
-            c.send({"t": "error", "msg": f"rank {rank} died before every rank joined the "
-                    f"job ({why})", "lost": [rank]})
+            c.send(messages.Error(msg=f"rank {rank} died before every rank joined the "
+                                  f"job ({why})", lost=[rank]))
             return
-        ws = b.get("world_size")
+        ws = m.world_size
         if ws != self.world_size:
             return refuse(f"world size {ws} does not match the job's {self.world_size}")
-        rank = b.get("rank", -1)
+        rank = m.rank
         if rank == -1:
             taken = set(self._clients) | set(self.lost) | self.left
             rank = next((r for r in range(self.world_size) if r not in taken), -1)
@@ -395,28 +319,26 @@ class RendezvousServer(Acceptor):
         old = self._clients.get(rank)
         departed = rank in self.left or (old is not None and old.said_bye)
         if self._welcomed and departed and not self.generations:
-            c.send({"t": "error", "retry": True,
-                    "msg": "this rendezvous belongs to a previous init; a new one will follow"})
-            return
+            return refuse("this rendezvous belongs to a previous init; a new one will "
+                          "follow", True)
         if self._welcomed and departed and not self.lost:
             # a rank that destroyed its group and calls init again: it joins the next
             # generation of the job, formed once every rank of this one has left
-            self._next.append((c, rank, b))
+            self._next.append((c, rank, m))
             self._maybe_next_generation()
             return
         if self._welcomed and rank in self.lost and rank not in self.left:
-            return self._readmit(c, rank, b)
+            return self._readmit(c, rank, m)
         if rank in self._clients or rank in self.lost or rank in self.left:
             return refuse(f"rank {rank} is already taken by another process (pid "
                           f"{self._clients[rank].pid if rank in self._clients else '?'})")
         if self._welcomed:
             return refuse("the job has already started")
-        self._admit(c, rank, b)
+        self._admit(c, rank, m)
 
-    def _admit(self, c: _Client, rank: int, b: dict[str, Any]) -> None:
-        c.rank, c.node, c.pid, c.registered = rank, str(b.get("node", "")), b.get("pid", 0), True
-        reads = b.get("reads")
-        c.reads = reads if isinstance(reads, str) else None
+    def _admit(self, c: Client, rank: int, m: messages.Register) -> None:
+        c.rank, c.node, c.pid, c.registered = rank, str(m.node), m.pid, True
+        c.reads = m.reads if isinstance(m.reads, str) else None
         self._clients[rank] = c
         if len(self._clients) == self.world_size:
             self._welcome()
@@ -430,50 +352,44 @@ class RendezvousServer(Acceptor):
             nodes.append(node_index.setdefault(self._clients[r].node, len(node_index)))
         # how ranks of other nodes reach each node: its agent's TCP port (host None: the
         # rendezvous' own node, reached at the address the ranks already know)
-        where = {a.node: [a.host, a.port] for a in self._agents}
+        where = self._agents.where()
         where[self.node] = [None, self.port]
-        agents = [where.get(node) for node in node_index]
-        body = {"t": "welcome", "world_size": self.world_size, "nodes": nodes,
-                "agents": agents,
-                "reads": [self._clients[r].reads for r in range(self.world_size)]}
-        self._welcome_body = dict(body, node_names=[self._clients[r].node
-                                                    for r in range(self.world_size)])
-        raw = wire.encode_control(body)  # the same bytes for every rank: encoded once
+        msg = messages.Welcome(
+            world_size=self.world_size, nodes=nodes,
+            agents=[where.get(node) for node in node_index],
+            reads=[self._clients[r].reads for r in range(self.world_size)])
+        self._welcome_msg = msg
+        self._node_names = [self._clients[r].node for r in range(self.world_size)]
+        raw = msg.encode()  # the same bytes for every rank: encoded once
         for c in self._clients.values():
-            if c.channel.cid is None:
-                if not c.channel.closing():
-                    c.channel.writer.write(raw)
-            else:
-                c.send(body)
+            c.channel.send_raw(raw, msg)
 
-    def _readmit(self, c: _Client, rank: int, b: dict[str, Any]) -> None:
+    def _readmit(self, c: Client, rank: int, m: messages.Register) -> None:
         """A new process for ``rank``, which died after the job started (a restart):
         admitted as the rank's next incarnation. The others hear of it first, then it
         gets its welcome, with the incarnations and the ranks gone so far."""
-        body = dict(self._welcome_body or {})
-        node = str(b.get("node", ""))
-        if body.get("node_names", [node] * (rank + 1))[rank] != node:
-            c.send({"t": "error", "msg": f"rank {rank} restarted on another node than its "
-                    "first process; a restarted rank must run on the same node"})
+        node = str(m.node)
+        if self._welcome_msg is None or self._node_names[rank] != node:
+            c.send(messages.Error(msg=f"rank {rank} restarted on another node than its "
+                                  "first process; a restarted rank must run on the same "
+                                  "node"))
             return
         inc = self.incarnations[rank] = self.incarnations.get(rank, 0) + 1
         del self.lost[rank]
-        c.rank, c.node, c.pid, c.registered = rank, node, b.get("pid", 0), True
-        reads = b.get("reads")
-        c.reads = reads if isinstance(reads, str) else None
+        c.rank, c.node, c.pid, c.registered = rank, node, m.pid, True
+        c.reads = m.reads if isinstance(m.reads, str) else None
         old = self._clients.get(rank)
         if old is not None:  # its earlier process' connection has not closed yet
             old.registered = False
         self._clients[rank] = c
         log.info("rank %d is back (incarnation %d, pid %s)", rank, inc, c.pid)
-        self._send_all({"t": "back", "rank": rank, "incarnation": inc}, skip=rank)
-        body.pop("node_names", None)
-        body["reads"] = list(body.get("reads") or [None] * self.world_size)
-        body["reads"][rank] = c.reads
-        body.update(incarnations=[self.incarnations.get(r, 0) for r in range(self.world_size)],
-                    lost={str(r): why for r, why in self.lost.items()},
-                    left=sorted(self.left))
-        c.send(body)
+        self._send_all(messages.Back(rank=rank, incarnation=inc), skip=rank)
+        reads = list(self._welcome_msg.reads or [None] * self.world_size)
+        reads[rank] = c.reads
+        c.send(replace(
+            self._welcome_msg, reads=reads,
+            incarnations=[self.incarnations.get(r, 0) for r in range(self.world_size)],
+            lost={str(r): why for r, why in self.lost.items()}, left=sorted(self.left)))
 
     def _maybe_next_generation(self) -> None:
         if not self._next or self._clients:
@@ -485,52 +401,18 @@ class RendezvousServer(Acceptor):
         self._departing.clear()
         self._welcomed = False
         self.left.clear()
-        for c, rank, b in waiting:
+        for c, rank, m in waiting:
             if not c.channel.closing():
-                self._admit(c, rank, b)
+                self._admit(c, rank, m)
 
-    def _stalled(self, c: _Client, b: dict[str, Any]) -> None:
-        """A rank has waited a while in call ``seq`` of a group: if another rank waits in
-        the same call having called something else, the call can never complete; abort it
-        on every rank of the group."""
-        key = (b["group"], b["seq"])
-        reports = self._stalls.get(key)
-        if reports is None:
-            reports = self._stalls[key] = {}
-            while len(self._stalls) > STALLS_KEPT:
-                self._stalls.popitem(last=False)
-        other = next((r for r, o in reports.items() if o["sig"] != b["sig"]), None)
-        reports[c.rank] = b
-        if other is None:
-            return
-        reason = (f"collective mismatch on {b['where']} (call #{b['seq']}): rank {other} "
-                  f"called {reports[other]['call']} where rank {c.rank} called {b['call']} "
-                  f"(found while both waited)")
-        fwd = {"t": "abort", "group": b["group"], "seq": b["seq"], "reason": reason,
-               "kind": "mismatch", "by": -1}
-        for r in b["ranks"]:
-            peer = self._clients.get(r)
-            if peer is not None:
-                peer.send(fwd)
+    def _progress_later(self, c: Client, m: messages.Progress) -> None:
+        self._spawn(self._progress(c, m))
 
-    async def _kv_wait(self, c: _Client, b: dict[str, Any]) -> None:
-        try:
-            fields, value = await self.store.serve(b, b"")
-        except TimeoutError:
-            keys = b["keys"] if b["t"] == "kv_wait" else [b["key"]]
-            missing = [k for k in keys if not self.store.check([k])]
-            c.send({"t": "reply", "id": b["id"], "timeout": True,
-                    "error": f"store keys not set within {b.get('timeout', 300.0):g} s: {missing}"})
-            return
-        c.send({"t": "reply", "id": b["id"], **fields}, value)
-        with contextlib.suppress(ConnectionError):
-            await c.channel.drain()
-
-    async def _progress(self, c: _Client, b: dict[str, Any]) -> None:
+    async def _progress(self, c: Client, m: messages.Progress) -> None:
         """Ask each named rank how many collectives it has entered on a group."""
         futs: dict[int, asyncio.Future] = {}
         loop = asyncio.get_running_loop()
-        for r in b["ranks"]:
+        for r in m.ranks:
             peer = self._clients.get(r)
             if peer is None:
                 continue
@@ -538,11 +420,11 @@ class RendezvousServer(Acceptor):
             fut = loop.create_future()
             peer.queries[qid] = fut
             futs[r] = fut
-            peer.send({"t": "query", "qid": qid, "group": b["group"]})
+            peer.send(messages.Query(qid=qid, group=m.group))
         if futs:
             await asyncio.wait(futs.values(), timeout=QUERY_TIMEOUT)
         entered = {str(r): f.result() for r, f in futs.items() if f.done()}
-        c.send({"t": "reply", "id": b["id"], "entered": entered,
-                "lost": sorted(set(b["ranks"]) & set(self.lost))})
+        c.send(messages.Reply(id=m.id, entered=entered,
+                              lost=sorted(set(m.ranks) & set(self.lost))))
         with contextlib.suppress(ConnectionError):
             await c.channel.drain()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+
+from .. import messages
 
 
 class KeyValueStore:
@@ -12,6 +15,13 @@ class KeyValueStore:
     def __init__(self) -> None:
         self._data: dict[str, bytes] = {}
         self._changed = asyncio.Condition()
+        # what answers each request
+        self._answers: dict[type[messages.Message],
+                            Callable[[Any], Awaitable[messages.Reply]]] = {
+            messages.KvSet: self._set, messages.KvGet: self._get,
+            messages.KvWait: self._wait, messages.KvAdd: self._add,
+            messages.KvCompareSet: self._compare_set, messages.KvCheck: self._check,
+            messages.KvDelete: self._delete, messages.KvNumKeys: self._num_keys}
 
     async def set(self, key: str, value: bytes) -> None:
         async with self._changed:
@@ -54,31 +64,64 @@ class KeyValueStore:
     def __len__(self) -> int:
         return len(self._data)
 
-    async def serve(self, body: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
-        """Answer one request of the key/value protocol (``body["t"]`` is ``kv_set``,
-        ``kv_get``, ``kv_wait``, ``kv_add``, ``kv_compare_set``, ``kv_check``,
-        ``kv_delete`` or ``kv_num_keys``): (the reply's fields, the value it carries).
-        The same code serves the rendezvous and a world of one. TimeoutError when a
-        wait passes ``body["timeout"]``."""
-        t = body["t"]
-        timeout = float(body.get("timeout", 300.0))
-        if t == "kv_set":
-            await self.set(body["key"], blob)
-            return {}, b""
-        if t == "kv_get":
-            return {}, await self.get(body["key"], timeout)
-        if t == "kv_wait":
-            await self.wait(body["keys"], timeout)
-            return {}, b""
-        if t == "kv_add":
-            return {"value": await self.add(body["key"], body.get("amount", 1))}, b""
-        if t == "kv_compare_set":
-            return {}, await self.compare_set(body["key"], body["expected"].encode("latin-1"),
-                                              blob)
-        if t == "kv_check":
-            return {"ok": self.check(body["keys"])}, b""
-        if t == "kv_delete":
-            return {"ok": self.delete(body["key"])}, b""
-        if t == "kv_num_keys":
-            return {"value": len(self)}, b""
-        raise ValueError(f"unknown key/value request {t!r}")
+    async def serve(self, request: messages.Message | Mapping[str, Any],
+                    blob: bytes = b"") -> tuple[dict[str, Any], bytes]:
+        """Answer one request of the key/value protocol (a message of
+        :data:`~minidist.messages.KV_REQUESTS`, or the JSON object and blob of one):
+        (the reply's fields, the value it carries). The same code serves the rendezvous
+        and a world of one. TimeoutError when a wait passes the request's ``timeout``;
+        ValueError for a message that is no key/value request."""
+        msg = request if isinstance(request, messages.Message) else \
+            messages.parse(request, blob)
+        reply = await self.answer(msg)
+        return reply.body, reply.data
+
+    async def answer(self, msg: messages.Message) -> messages.Reply:
+        """The reply to one key/value request (see :meth:`serve`)."""
+        handler = self._answers.get(type(msg))
+        if handler is None:
+            raise ValueError(f"unknown key/value request {msg.type!r}")
+        return await handler(msg)
+
+    async def reply(self, msg: messages.Message) -> messages.Reply:
+        """As :meth:`answer`, but a wait that passes its deadline is answered too: an
+        error naming the keys still missing."""
+        try:
+            return await self.answer(msg)
+        except TimeoutError:
+            keys = msg.keys if isinstance(msg, messages.KvWait) else [msg.key]
+            missing = [k for k in keys if not self.check([k])]
+            return messages.Reply(id=msg.id, timeout=True, error=(
+                f"store keys not set within {_timeout(msg):g} s: {missing}"))
+
+    async def _set(self, m: messages.KvSet) -> messages.Reply:
+        await self.set(m.key, m.value)
+        return messages.Reply(id=m.id)
+
+    async def _get(self, m: messages.KvGet) -> messages.Reply:
+        return messages.Reply(id=m.id, data=await self.get(m.key, _timeout(m)))
+
+    async def _wait(self, m: messages.KvWait) -> messages.Reply:
+        await self.wait(m.keys, _timeout(m))
+        return messages.Reply(id=m.id)
+
+    async def _add(self, m: messages.KvAdd) -> messages.Reply:
+        return messages.Reply(id=m.id, value=await self.add(m.key, m.amount))
+
+    async def _compare_set(self, m: messages.KvCompareSet) -> messages.Reply:
+        return messages.Reply(id=m.id, data=await self.compare_set(
+            m.key, m.expected.encode("latin-1"), m.desired))
+
+    async def _check(self, m: messages.KvCheck) -> messages.Reply:
+        return messages.Reply(id=m.id, ok=self.check(m.keys))
+
+    async def _delete(self, m: messages.KvDelete) -> messages.Reply:
+        return messages.Reply(id=m.id, ok=self.delete(m.key))
+
+    async def _num_keys(self, m: messages.KvNumKeys) -> messages.Reply:
+        return messages.Reply(id=m.id, value=len(self))
+
+
+def _timeout(m: Any) -> float:
+    """A request's deadline in seconds (300 when it names none)."""
+    return 300.0 if m.timeout is None else float(m.timeout)

@@ -6,6 +6,7 @@ needs is a clear ProtocolError. Also the abort kinds and the stream decoder."""
 from __future__ import annotations
 
 import ast
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from minidist.errors import (
     ProtocolError,
     RendezvousError,
 )
+from minidist.rendezvous.control import ControlReader
 
 # (the typed message, the JSON object the code before the catalog wrote for it, blob):
 # the objects are written as that code wrote them, key order included
@@ -254,6 +256,23 @@ def test_the_decoder_says_how_many_bytes_it_still_wants():
     assert dec.next_message() is None and dec.wanted() == len(raw) - 20
     dec.add(raw[20:])
     assert dec.next_message().blob == bytes(1000) and dec.pending() == b""
+
+
+def test_the_stream_reader_reads_fragments_and_ends_with_an_incomplete_read():
+    async def main() -> None:
+        reader = asyncio.StreamReader()
+        stream = ControlReader(reader)
+        raw = b"".join(x[0].encode() for x in GOLDEN)
+        for i in range(0, len(raw), 5):
+            reader.feed_data(raw[i:i + 5])
+        reader.feed_data(raw[:7])  # half a header, then the end
+        reader.feed_eof()
+        got = [m.decode(await asyncio.wait_for(stream.read(), 5)) for _ in GOLDEN]
+        assert got == [x[0] for x in GOLDEN]
+        with pytest.raises(asyncio.IncompleteReadError):
+            await asyncio.wait_for(stream.read(), 5)
+
+    asyncio.run(main())
 
 
 def test_the_catalog_is_pure():
