@@ -102,6 +102,8 @@ MAX_RANKS = 1024  # FUTEX_WAKE_OP compares with a 12-bit number: at most 4097
 CHECK_EVERY = 0.01  # seconds between a waiter's looks at deadlines and lost ranks
 _SIG = struct.Struct("<iiiiqIq")  # kind, dtype, op, root (group rank), count, shape, seq
 _KEY = 28  # the bytes of a signature compared: kind .. shape (not seq)
+_KEY_OF = struct.Struct("<iiiiqI")  # those bytes
+_SEQ = struct.Struct("<q")  # then the call's number
 SCATTER, GATHER, ALL_GATHER = 8, 7, 5  # wire.Kind values
 KINDS = (SCATTER, GATHER, ALL_GATHER)
 NAMES = {SCATTER: "scatter", GATHER: "gather", ALL_GATHER: "all_gather"}
@@ -136,11 +138,14 @@ class Rooted:
         self.piece = piece_bytes(n)
         self.pieces = self.mem[pieces_at(n):].reshape(2, n, self.piece)
         self.mv = memoryview(self.mem)
+        self.w = self.mv.cast("i")  # the area's int32 words (plain ints: cheaper than numpy's)
+        self.dq = self.mv[2 * n * HEADER:2 * n * HEADER + 8 * n].cast("q")  # the done words
         self.sigs = [self.heads[:, p, 1:1 + _KEY // 4] for p in (0, 1)]
         self.numbers = [self.heads[:, p, 0] for p in (0, 1)]
         self.last: list[tuple[int, int, int] | None] = [None, None]  # (f, kind, root)
         self.gave_up: BaseException | None = None
-        self.behind: tuple[int, int] | None = None  # see catch_up
+        self.behind: tuple[int, int] | None = None  # (call, its root): see catch_up
+        self.pending: tuple[int, bytes, object] | None = None  # see _settle
         self.patience = Patience()
         self.patience.fit(n)
         self.waits = 0
@@ -168,81 +173,96 @@ class Rooted:
     def _run(self, f: int, call, out: np.ndarray, src: np.ndarray, deadline: float,
              hooks: Hooks) -> None:
         n, me, kind = self.size, self.me, call.kind
-        parity, number = f % 2, (f + 1) & 0x7FFFFFFF
+        parity, number = f & 1, (f + 1) & 0x7FFFFFFF
         root = 0 if kind == ALL_GATHER else self.group.rank_of(call.root)
-        waits = (deadline, hooks, call)
+        if self.pending is not None and (kind == SCATTER or me != root):
+            self._settle(deadline, hooks, call)  # (a gather's root: once all arrived)
         last = self.last[parity]
         if last is not None:
-            self._reuse(last, kind, root, waits)
+            lf, lkind, lroot = last
+            if (self.dq[lroot] <= lf or lkind == ALL_GATHER or lroot == me or (
+                    kind == SCATTER and me == root and lkind == SCATTER)) and not (
+                    kind == SCATTER and lkind == SCATTER and lroot == root != me):
+                self._reuse(last, kind, root, (deadline, hooks, call))
         self.last[parity] = (f, kind, root)
         nb = out.nbytes if kind == SCATTER else src.nbytes
         rows = self.pieces[parity]
-        sig = _SIG.pack(kind, call.dtype, call.op, root, call.count, call.shape, call.seq)
-        key = sig[:_KEY]
         head = (root * 2 + parity) * HEADER
-        words, mv = self.words, self.mv
+        hw = head >> 2  # the header's first word
+        w, mv = self.w, self.mv
+        key = _KEY_OF.pack(kind, call.dtype, call.op, root, call.count, call.shape)
         if me == root:
             if kind == SCATTER:
                 rows[:, :nb] = src.view(np.uint8).reshape(n, nb)
             elif kind == ALL_GATHER:
                 rows[me, :nb] = src.view(np.uint8)
-            mv[head + 4:head + 4 + _SIG.size] = sig
-            words[head // 4] = number  # after the pieces and the signature
+            mv[head + 4:head + 4 + _KEY] = key
+            mv[head + 4 + _KEY:head + 4 + _SIG.size] = _SEQ.pack(call.seq)
+            w[hw] = number  # after the pieces and the signature
+            if kind == SCATTER:  # nobody to wait for: see _settle
+                out.view(np.uint8)[:] = rows[me, :nb]
+                self.pending = (f, key, call)
+                self._release(hw, number)
+                return
             # the others count themselves in: the last one wakes this rank
-            self._wait(head // 4 + ARRIVED // 4, n - 1, None, None, parity, number, *waits)
-            words[head // 4 + ARRIVED // 4] = 0
+            self._wait(hw + ARRIVED // 4, n - 1, None, None, parity, number, deadline,
+                       hooks, call)
+            w[hw + ARRIVED // 4] = 0
+            if self.pending is not None:  # everyone finished it: they arrived here
+                self._settle(deadline, hooks, call)
             bad = self._differing(parity, key)
             if bad >= 0:
-                words[head // 4 + DIFFERS // 4] = number
+                w[hw + DIFFERS // 4] = number
+                if kind == ALL_GATHER:
+                    self._release(hw, number)
+                self._finish(f)
+                raise self._mismatch(call, bad, parity)
             if kind == GATHER:
-                if bad >= 0:
-                    self._finish(f)
-                    raise self._mismatch(call, bad, parity)
                 got = out.view(np.uint8).reshape(n, nb)
                 got[:] = rows[:, :nb]
                 got[me] = src.view(np.uint8)
-                self._finish(f)  # after the last load of the pieces
-                return
-            if kind == SCATTER:
-                if bad < 0:
-                    out.view(np.uint8)[:] = rows[me, :nb]
-                self._finish(f)  # before the release: a rank that sees it sees this
-                self._release(head, number)
-                if bad >= 0:
-                    raise self._mismatch(call, bad, parity)
-                return
-            self._release(head, number)  # all_gather: everyone copies, this rank too
-            if bad >= 0:
-                self._finish(f)
-                raise self._mismatch(call, bad, parity)
-            out.view(np.uint8).reshape(n, nb)[:] = rows[:, :nb]
-            self._finish(f)
+            else:
+                self._release(hw, number)  # all_gather: everyone copies, this rank too
+                out.view(np.uint8).reshape(n, nb)[:] = rows[:, :nb]
+            self.dq[me] = f + 1  # after the last load of the pieces
             return
         at = (me * 2 + parity) * HEADER
-        if kind != SCATTER:
-            rows[me, :nb] = src.view(np.uint8)
-        mv[at + 4:at + 4 + _SIG.size] = sig
-        words[at // 4] = number  # after the piece and the signature
+        if kind == SCATTER:  # the root's release first, then this rank's signature
+            if w[hw + RELEASE // 4] != number:
+                self._wait(hw + RELEASE // 4, number, hw + SLEEPING_RELEASE // 4, root,
+                           parity, number, deadline, hooks, call)
+            differs = mv[head + 4:head + 4 + _KEY] != key
+            if not differs:
+                out.view(np.uint8)[:] = rows[me, :nb]
+            mv[at + 4:at + 4 + _KEY] = key
+            mv[at + 4 + _KEY:at + 4 + _SIG.size] = _SEQ.pack(call.seq)
+            w[at >> 2] = number  # after its reads and its signature: for the root's check
+            self.dq[me] = f + 1
+            self.behind = (f, root)
+            if differs:
+                raise self._mismatch(call, root, parity)
+            return
+        rows[me, :nb] = src.view(np.uint8)
+        mv[at + 4:at + 4 + _KEY] = key
+        mv[at + 4 + _KEY:at + 4 + _SIG.size] = _SEQ.pack(call.seq)
+        w[at >> 2] = number  # after the piece and the signature
         futex_add(self.base + head + ARRIVED, n - 2)  # the last one wakes the root
         if kind == GATHER:
-            differs = words[head // 4] == number and mv[head + 4:head + 4 + _KEY] != key
-            self._finish(f)
+            differs = w[hw] == number and mv[head + 4:head + 4 + _KEY] != key
+            self.dq[me] = f + 1
             self.behind = (f, root)  # the others may still be in the call before
             if differs:
                 raise self._mismatch(call, root, parity)
             return
-        self._wait(head // 4 + RELEASE // 4, number, head // 4 + SLEEPING_RELEASE // 4,
-                   root, parity, number, *waits)
-        if words[head // 4 + DIFFERS // 4] == number or \
-                mv[head + 4:head + 4 + _KEY] != key:
+        if w[hw + RELEASE // 4] != number:
+            self._wait(hw + RELEASE // 4, number, hw + SLEEPING_RELEASE // 4, root, parity,
+                       number, deadline, hooks, call)
+        if w[hw + DIFFERS // 4] == number or mv[head + 4:head + 4 + _KEY] != key:
             bad = self._differing(parity, key)
             self._finish(f)
             raise self._mismatch(call, bad if bad >= 0 else root, parity)
-        if kind == SCATTER:
-            out.view(np.uint8)[:] = rows[me, :nb]
-        else:
-            out.view(np.uint8).reshape(n, nb)[:] = rows[:, :nb]
-        self._finish(f)
+        out.view(np.uint8).reshape(n, nb)[:] = rows[:, :nb]
+        self.dq[me] = f + 1
 
     def _differing(self, parity: int, key: bytes) -> int:
         """The first group rank whose signature of ``parity`` is not ``key`` (-1: none),
@@ -252,18 +272,19 @@ class Rooted:
 
     def _finish(self, f: int) -> None:
         """This rank is done with call ``f``: after its last load of the call."""
-        self.done[self.me] = f + 1
+        self.dq[self.me] = f + 1
 
-    def _release(self, head: int, number: int) -> None:
-        """Store the call's number into the release word of the header at byte ``head``
-        and wake its sleepers (one system call for all), if any said they sleep."""
-        words = self.words
-        words[head // 4 + RELEASE // 4] = number
-        flag = head // 4 + SLEEPING_RELEASE // 4
+    def _release(self, hw: int, number: int) -> None:
+        """Store the call's number into the release word of the header whose first word
+        is ``hw`` and wake its sleepers (one system call for all), if any said they
+        sleep."""
+        w = self.w
+        w[hw + RELEASE // 4] = number
+        flag = hw + SLEEPING_RELEASE // 4
         fence()
-        if words[flag]:
-            words[flag] = 0
-            futex_wake(self.base + head + RELEASE)
+        if w[flag]:
+            w[flag] = 0
+            futex_wake(self.base + (hw + RELEASE // 4) * 4)
 
     # ------------------------------------------------------------------ reuse
 
@@ -272,30 +293,82 @@ class Rooted:
         """Wait until whoever read what this call overwrites finished reading it in the
         ``last`` call (number, kind, root) of this parity (see the module)."""
         lf, lkind, lroot = last
-        done = self.done
+        done = self.dq
         me = self.me
         # everyone read everyone's piece, or this rank's header (its root's), or the
         # pieces that this rank, the root of a scatter, overwrites
         everyone = lkind == ALL_GATHER or lroot == me or (
             kind == SCATTER and me == root and lkind == SCATTER)
         if everyone:
-            if int(done.min()) > lf:
+            if (min(done) if self.size <= 64 else int(self.done.min())) > lf:
                 return
         elif int(done[lroot]) > lf:
             return
         self._wait_done(lf, range(self.size) if everyone else (lroot,), waits)
 
     def catch_up(self, deadline: float, hooks: Hooks, call) -> None:
-        """Before a call of the fast slots: if this rank's last fast call was a gather
-        it sent to (it did not wait for anyone), wait until that gather's root finished
-        it, which it did only once every rank had finished the call before. The slots'
-        reuse argument (:mod:`minidist.fastpath`) counts on every rank that finished
-        call ``f + 1`` knowing that all finished ``f``."""
+        """Before a call of the fast slots: if this rank's last fast call did not wait
+        for every rank, wait until they got far enough: a gather it sent to, until that
+        gather's root finished it, which it did only once every rank had finished the
+        call before; a scatter (root ``-1`` in ``behind``), until every rank finished it.
+        The slots' reuse argument (:mod:`minidist.fastpath`) counts on every rank that
+        finished call ``f + 1`` knowing that all finished ``f``."""
+        if self.pending is not None:
+            self._settle(deadline, hooks, call)
         if self.behind is not None:
             f, root = self.behind
-            if int(self.done[root]) <= f:
+            if self.dq[root] <= f:
                 self._wait_done(f, (root,), (deadline, hooks, call))
             self.behind = None
+
+    def _settle(self, deadline: float, hooks: Hooks, call) -> None:
+        """Check the signatures of this rank's last scatter as its root (``pending``),
+        which returned without waiting for anyone, once every rank stored its number
+        of that call into its header (a receiver does after its reads). Until then this
+        rank's *done* word stays before that call, so nobody overwrites a header it is
+        still to check: it is settled at the start of this rank's next fast call (a
+        gather's or all_gather's root: once everyone arrived, when they all did). A
+        mismatch raises here, naming the scatter and the rank that called something
+        else."""
+        f, key, scattered = self.pending
+        parity, number = f & 1, (f + 1) & 0x7FFFFFFF
+        if not (self.numbers[parity] == number).all():
+            self._wait_numbers(parity, number, deadline, hooks, call)
+        self.pending = None
+        bad = self._differing(parity, key)
+        self.dq[self.me] = f + 1
+        if bad >= 0:
+            raise self._mismatch(scattered, bad, parity)
+
+    def _wait_numbers(self, parity: int, number: int, deadline: float, hooks: Hooks,
+                      call) -> None:
+        """Until every rank stored ``number`` into its header of ``parity`` (the
+        receivers of a scatter take their time: yield, then short sleeps)."""
+        nums = self.numbers[parity]
+        pause = 20e-6
+        start = time.monotonic()
+        reported = False
+        while True:
+            late = [int(r) for r in np.flatnonzero(nums != number)]
+            if not late:
+                return
+            err = hooks.broken(call)
+            if err is None and hooks.anyone_gone():
+                for r in late:
+                    err = hooks.gone(self.group, self.group.ranks[r])
+                    if err is not None:
+                        break
+            if err is not None:
+                raise err
+            now = time.monotonic()
+            if now >= deadline:
+                raise hooks.timed_out(call, [self.group.ranks[r] for r in late])
+            if not reported and now - start >= STALL_REPORT:
+                reported = True
+                hooks.stalled(call)
+            os.sched_yield()
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
 
     def _wait_done(self, lf: int, who, waits: tuple) -> None:
         """Until every rank of ``who`` finished call ``lf`` (rare: a root that scatters
@@ -305,7 +378,7 @@ class Rooted:
         start = time.monotonic()
         reported = False
         while True:
-            late = [r for r in who if r != self.me and int(self.done[r]) <= lf]
+            late = [r for r in who if r != self.me and self.dq[r] <= lf]
             if not late:
                 return
             err = hooks.broken(call)
@@ -333,7 +406,7 @@ class Rooted:
         """Until the int32 ``word`` holds ``want`` (see :meth:`fastpath.Slots._wait`):
         ``flag`` the word where a sleeper says so (None: the writer always wakes);
         ``releaser`` the group rank that must store the word (checked for being gone)."""
-        words = self.words
+        words = self.w
         if words[word] == want:
             return
         now = time.monotonic()
@@ -346,7 +419,7 @@ class Rooted:
         start, reported, checked = now, False, 0.0
         addr = self.base + word * 4
         while True:
-            seen = int(words[word])
+            seen = words[word]
             if seen == want:
                 return
             now = time.monotonic()

@@ -237,6 +237,8 @@ _FUTEX_WAKE_OP, _FUTEX_OP_ADD, _FUTEX_OP_CMP_EQ = 5, 1, 0
 
 
 _SPARE = ctypes.c_int32(0)  # FUTEX_WAKE_OP's first word: nobody ever sleeps on it
+_SPARE_P = ctypes.c_void_p(ctypes.addressof(_SPARE))
+_ONE_P = ctypes.c_void_p(1)  # FUTEX_WAKE_OP's count of sleepers to wake on its second word
 
 
 def futex_add(addr: int, equals: int) -> None:
@@ -246,8 +248,7 @@ def futex_add(addr: int, equals: int) -> None:
     told (its loop wakes before it counts), so the first word is one nobody sleeps on:
     with the count there, every add woke the group's rank 0."""
     op = (_FUTEX_OP_ADD << 28) | (_FUTEX_OP_CMP_EQ << 24) | (1 << 12) | (equals & 0xFFF)
-    _LIBC.syscall(_SYS_FUTEX, ctypes.c_void_p(ctypes.addressof(_SPARE)), _FUTEX_WAKE_OP, 0,
-                  ctypes.c_void_p(1), ctypes.c_void_p(addr), op)
+    _LIBC.syscall(_SYS_FUTEX, _SPARE_P, _FUTEX_WAKE_OP, 0, _ONE_P, ctypes.c_void_p(addr), op)
 
 
 _FENCE = threading.Lock()

@@ -8,8 +8,10 @@ victim's rank):
 * ``mismatch``: at step 30 the victim gathers an observation of another size; the
   learner and the victim raise CollectiveMismatchError (the learner's output unchanged),
   the other senders, which did not wait in the gather, a DistError at their next call;
-* ``mismatch_scatter``: at step 30 the victim's scatter output has another size; every
-  rank raises CollectiveMismatchError before its output is written.
+* ``mismatch_scatter``: at step 30 the victim's scatter output has another size; the
+  victim raises CollectiveMismatchError before its output is written; the root (which
+  does not wait for its receivers) and the other receivers raise it too, naming the
+  victim, at once or at their next call (their scatter output then holds their block).
 """
 
 import os
@@ -57,7 +59,9 @@ except minidist.PeerLostError as e:
 except minidist.CollectiveMismatchError as e:
     untouched = bool((out == -7).all()) if what == "mismatch_scatter" else \
         bool((allobs == before).all())
-    print(f"MISMATCH untouched={untouched} named={f'rank {victim}' in str(e)}", flush=True)
+    mine = what == "mismatch_scatter" and out.size == 1 and out[0] == rank + step
+    print(f"MISMATCH untouched={untouched} mine={bool(mine)} "
+          f"named={f'rank {victim}' in str(e)}", flush=True)
     sys.exit(4)
 except minidist.DistError as e:  # a gather's other senders: the group's abort
     print(f"ABORTED {type(e).__name__} {time.monotonic() - t0:.1f} {e}", flush=True)
