@@ -6,8 +6,10 @@ learner scatters one action per worker, and gathers one observation per worker. 
 steps went through everywhere; if not (a worker died), they shrink the group
 (``minidist.shrink_group``) and the learner does the block again with the workers that
 are left. A dead worker is started again by the launcher (``--restart-failed``); once
-``minidist.wait_ranks`` says it is back, the learner takes it into the group again
-(``new_group``, the same call on every member and on the newcomer).
+``minidist.wait_ranks`` says it is back, the learner takes it into the group again: it
+makes the group (``new_group``) and sends that very group to every member and to the
+newcomer (a ``new_group`` call on each of them could differ: a member that dies and is
+started again meanwhile is its old process in one call and its new one in another).
 
     minidist run -n 9 --restart-failed 5 examples/elastic_rl.py --kill-every 1
 
@@ -44,9 +46,9 @@ def obs_of(step: int, rank: int, out: np.ndarray) -> None:
     out[1] = os.getpid()
 
 
-def block(g, act: np.ndarray, obs: np.ndarray) -> tuple[bool, list[int] | None, bool]:
+def block(g, act: np.ndarray, obs: np.ndarray) -> tuple[bool, minidist.Group | None, bool]:
     """A worker's part of one block of steps, until the learner's command ends it:
-    (went through here, the members of the next group if regrouping, stop)."""
+    (went through here, the next group if regrouping, stop)."""
     rank = minidist.get_rank()
     try:
         while True:
@@ -68,22 +70,21 @@ def worker() -> None:
     everyone = list(range(minidist.get_world_size()))
     if os.environ.get("MINIDIST_RESTART_COUNT"):  # started again: the learner says when
         try:
-            members = minidist.recv_object(0, tag=REJOIN)
+            g = minidist.recv_object(0, tag=REJOIN)  # the learner's group, as it made it
         except minidist.PeerLostError:  # the learner finished without this worker
             return
         # this rank has heard of every member's process (a member that died since the
-        # learner sent this is not waited for long: the group then fails and shrinks)
-        minidist.wait_ranks(members, timeout=1.0)
-        g = minidist.new_group(members)
+        # learner made the group is not waited for long: the group then fails and shrinks)
+        minidist.wait_ranks(list(g.ranks), timeout=1.0)
     else:
         g = minidist.new_group(everyone)
     act, obs = np.empty(2), np.empty(OBS)
     while True:
-        ok, members, stop = block(g, act, obs)
+        ok, new, stop = block(g, act, obs)
         if not minidist.agree(ok, group=g):
             g = minidist.shrink_group(group=g)
-        elif members is not None:
-            g = minidist.new_group(members)
+        elif new is not None:
+            g = new
         elif stop:
             return
 
@@ -161,22 +162,23 @@ class Learner:
         back = [r for r in back if r not in self.g.ranks]
         if not back:
             return
-        members = sorted({*self.g.ranks, *back})
+        # made here only, and sent: every member and every newcomer takes this very group
+        new = minidist.new_group(sorted({*self.g.ranks, *back}))
         g = self.g
         ok = True
         try:
             a = acts[: 2 * g.size].reshape(g.size, 2)
             a[:, 0] = REGROUP
             minidist.scatter(mine, a.reshape(-1), src=0, group=g)
-            minidist.broadcast_object(members, src=0, group=g)
+            minidist.broadcast_object(new, src=0, group=g)
         except minidist.PeerLostError:
             ok = False
         if not self.commit(ok):
             return
         for r in back:
-            minidist.send_object(members, r, tag=REJOIN)
+            minidist.send_object(new, r, tag=REJOIN)
         with self.lock:
-            self.g = minidist.new_group(members)
+            self.g = new
             now = time.monotonic()
             for r in back:
                 if r in self.killed:

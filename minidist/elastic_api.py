@@ -42,7 +42,9 @@ def wait_ranks(ranks: list[int], timeout: float | None = None) -> list[int]:
     are or once ``timeout`` seconds (default: the job's timeout) have passed; ``0``
     just asks. A rank that died and was started again (``minidist run
     --restart-failed``, or any launcher's restart with the same rank) is alive again
-    once the rendezvous admitted its new process; then ``new_group`` with it makes the
-    same group on every member, and messages to and from it work as before."""
+    once the rendezvous admitted its new process; messages to and from it then work as
+    before. Make the group that takes it back on one rank and send that group to the
+    others (``new_group`` on each would differ if a member died and was started again
+    in between: each takes the members' processes it knows of when it calls)."""
     d = door()
     return d.block(d.wait_ranks(ranks, timeout))
