@@ -389,41 +389,51 @@ def decode_control_body(raw: bytes, blob: bytes = b"") -> Control:
 
 
 class ControlDecoder:
-    """Incremental decoder: add bytes as they arrive, take complete messages out."""
+    """Incremental decoder: add bytes as they arrive, take complete messages out. The
+    chunks of a large message are joined once, when it is complete."""
 
     def __init__(self) -> None:
-        self._buf = bytearray()
+        self._buf = b""  # unread bytes from _pos on, then the chunks in _more
+        self._pos = 0
+        self._more: list[bytes] = []
+        self._size = 0  # unread bytes in all
 
     def add(self, data: bytes | bytearray | memoryview) -> None:
         """Append bytes read from the stream."""
-        self._buf += data
+        if data:
+            self._more.append(bytes(data))
+            self._size += len(data)
 
     def next_message(self) -> Control | None:
         """The next complete message, or None until more bytes come. ProtocolError once
         the bytes at the head of the stream are not a control message (every message
         before them is returned first)."""
-        if len(self._buf) < CONTROL_HEADER_SIZE:
+        header = self._header()
+        if header is None:
             return None
-        jlen, blen = decode_control_header(bytes(self._buf[:CONTROL_HEADER_SIZE]))
-        j0 = CONTROL_HEADER_SIZE
-        end = j0 + jlen + blen
-        if len(self._buf) < end:
+        jlen, blen = header
+        total = CONTROL_HEADER_SIZE + jlen + blen
+        if self._size < total:
             return None
-        with memoryview(self._buf) as view:
-            raw, blob = bytes(view[j0:j0 + jlen]), bytes(view[j0 + jlen:end])
-        del self._buf[:end]
+        self._contiguous(total)
+        j0 = self._pos + CONTROL_HEADER_SIZE
+        raw, blob = self._buf[j0:j0 + jlen], self._buf[j0 + jlen:j0 + jlen + blen]
+        self._pos += total
+        self._size -= total
+        if self._pos == len(self._buf):
+            self._buf, self._pos = b"", 0
         return decode_control_body(raw, blob)
 
     def wanted(self) -> int:
         """How many more bytes the message at the head needs (at least 1)."""
-        if len(self._buf) < CONTROL_HEADER_SIZE:
-            return CONTROL_HEADER_SIZE - len(self._buf)
-        jlen, blen = decode_control_header(bytes(self._buf[:CONTROL_HEADER_SIZE]))
-        return max(1, CONTROL_HEADER_SIZE + jlen + blen - len(self._buf))
+        header = self._header()
+        if header is None:
+            return CONTROL_HEADER_SIZE - self._size
+        return max(1, CONTROL_HEADER_SIZE + sum(header) - self._size)
 
     def pending(self) -> bytes:
         """The bytes of a message not yet complete."""
-        return bytes(self._buf)
+        return b"".join([self._buf[self._pos:], *self._more])
 
     def feed(self, data: bytes) -> list[Control]:
         """Add bytes; return every message now complete. ProtocolError on garbage."""
@@ -432,6 +442,21 @@ class ControlDecoder:
         while (msg := self.next_message()) is not None:
             out.append(msg)
         return out
+
+    def _header(self) -> tuple[int, int] | None:
+        """(json length, blob length) of the message at the head; None until its header
+        is in."""
+        if self._size < CONTROL_HEADER_SIZE:
+            return None
+        self._contiguous(CONTROL_HEADER_SIZE)
+        return decode_control_header(self._buf[self._pos:self._pos + CONTROL_HEADER_SIZE])
+
+    def _contiguous(self, n: int) -> None:
+        """Make the first ``n`` unread bytes (all there) one piece of ``_buf``."""
+        if len(self._buf) - self._pos < n:
+            self._buf = b"".join([self._buf[self._pos:], *self._more])
+            self._pos = 0
+            self._more = []
 
 
 # --------------------------------------------------------------------------- helpers

@@ -258,6 +258,19 @@ def test_the_decoder_says_how_many_bytes_it_still_wants():
     assert dec.next_message().blob == bytes(1000) and dec.pending() == b""
 
 
+def test_a_large_message_in_many_chunks_then_more_in_the_last_one():
+    big = m.KvSet(key="k", id=1, value=bytes(range(256)) * 4000)
+    raw = big.encode() + m.Bye().encode() + m.Lost(rank=1).encode()[:5]
+    dec = wire.ControlDecoder()
+    got = []
+    for i in range(0, len(raw), 999):
+        got += dec.feed(raw[i:i + 999])
+    assert [m.decode(x) for x in got] == [big, m.Bye()]
+    assert dec.pending() == m.Lost(rank=1).encode()[:5]
+    assert m.decode(dec.feed(m.Lost(rank=1).encode()[5:])[0]) == m.Lost(rank=1)
+    assert dec.pending() == b""
+
+
 def test_the_stream_reader_reads_fragments_and_ends_with_an_incomplete_read():
     async def main() -> None:
         reader = asyncio.StreamReader()
