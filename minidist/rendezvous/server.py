@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import socket
@@ -27,13 +26,13 @@ from .channels import Channel, Client
 from .client import node_identity
 from .control import ControlReader
 from .listeners import HEARTBEAT, HEARTBEAT_TIMEOUT, bind_listeners  # noqa: F401
+from .progress import ProgressQueries
 from .stalls import Stalls
 from .store import KeyValueStore
 
 log = logging.getLogger("minidist.rendezvous")
 
 
-QUERY_TIMEOUT = 3.0
 DEPARTURES_EVERY = 0.05  # seconds over which departures are gathered into one message
 Handler = Callable[[Client, Any], Awaitable[None] | None]
 
@@ -63,11 +62,11 @@ class RendezvousServer(Acceptor):
         self._tasks: set[asyncio.Task] = set()
         self._welcomed = False
         self._next: list[tuple[Client, int, messages.Register]] = []
-        self._query_ids = itertools.count(1)
         self._closed = False
         self._shutting_down = False
         self._agents = AgentLinks(self._handle, self._gone)
         self._stalls = Stalls()
+        self._progress = ProgressQueries(self._clients.get, lambda: self.lost)
         self._departing: list[int] = []
         self._departures: asyncio.TimerHandle | None = None
         self.node = node_identity()
@@ -82,7 +81,7 @@ class RendezvousServer(Acceptor):
             messages.Register: self._register, messages.Joined: self._joined,
             messages.Bye: self._bye, messages.Abort: self._abort,
             messages.Stalled: self._stalled, messages.Progress: self._progress_later,
-            messages.QueryReply: self._query_reply, messages.Agree: self._agree,
+            messages.QueryReply: ProgressQueries.answered, messages.Agree: self._agree,
             # a get or a wait may wait: the connection goes on meanwhile
             messages.KvGet: self._kv_later, messages.KvWait: self._kv_later,
             **{t: self._kv_now for t in messages.KV_REQUESTS
@@ -284,11 +283,6 @@ class RendezvousServer(Acceptor):
             if peer is not None:
                 peer.send(abort)
 
-    def _query_reply(self, c: Client, m: messages.QueryReply) -> None:
-        fut = c.queries.pop(m.qid, None)
-        if fut is not None and not fut.done():
-            fut.set_result(m.entered)
-
     def _agree(self, c: Client, m: messages.Agree) -> None:
         self.agreements.ask(c, c.rank, m)
 
@@ -406,25 +400,4 @@ class RendezvousServer(Acceptor):
                 self._admit(c, rank, m)
 
     def _progress_later(self, c: Client, m: messages.Progress) -> None:
-        self._spawn(self._progress(c, m))
-
-    async def _progress(self, c: Client, m: messages.Progress) -> None:
-        """Ask each named rank how many collectives it has entered on a group."""
-        futs: dict[int, asyncio.Future] = {}
-        loop = asyncio.get_running_loop()
-        for r in m.ranks:
-            peer = self._clients.get(r)
-            if peer is None:
-                continue
-            qid = next(self._query_ids)
-            fut = loop.create_future()
-            peer.queries[qid] = fut
-            futs[r] = fut
-            peer.send(messages.Query(qid=qid, group=m.group))
-        if futs:
-            await asyncio.wait(futs.values(), timeout=QUERY_TIMEOUT)
-        entered = {str(r): f.result() for r, f in futs.items() if f.done()}
-        c.send(messages.Reply(id=m.id, entered=entered,
-                              lost=sorted(set(m.ranks) & set(self.lost))))
-        with contextlib.suppress(ConnectionError):
-            await c.channel.drain()
+        self._spawn(self._progress.answer(c, m))
