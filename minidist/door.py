@@ -128,7 +128,7 @@ class Door:
     def gone(self, group: Group, rank: int) -> DistError | None:
         """Why global ``rank`` can no longer take part in calls on ``group`` (it died or
         left), as far as this rank knows now, or None. Safe from any thread."""
-        return self._session._fast_refusal(group, rank)
+        return self._session.gone(group, rank)
 
     # ------------------------------------------------------------------ calls
 

@@ -35,16 +35,12 @@ ALLOWED_CYCLES: tuple[str, ...] = ()
 # "path:Class" of the classes over MAX_CLASS_LINES lines (files of other tasks).
 ALLOWED_LONG_CLASSES: tuple[str, ...] = (
     "minidist/plan.py:Planner",
-    "minidist/session.py:Session",
 )
 
 # "path:expression" of each access to a private name of one of minidist's own modules or
 # objects (an expression that appears twice in a file is listed twice). Files of other
 # tasks.
 ALLOWED_PRIVATE_ACCESS: tuple[str, ...] = (
-    "minidist/door.py:self._session._fast_refusal",
-    "minidist/session.py:self.session._fast_refusal",
-    "minidist/session.py:self.session._fast_timeout",
     # a mark minidist leaves on the root logger (logging.Logger's attribute namespace)
     "minidist/startup.py:getattr(root, '_minidist_handler', False)",
     "minidist/startup.py:root._minidist_handler",

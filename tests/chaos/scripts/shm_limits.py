@@ -111,13 +111,13 @@ out: dict[str, int] = dict.fromkeys(("fast", "nofast", "nomid", "segs", "noseg",
 if session is not None:  # what this rank's groups had of shared memory
     size_of = {g.id: g.size for g in (session.world, agents, env_workers, node_workers)
                if hasattr(g, "id")}
-    for gid, slots in session._fast.items():
-        mid, reads = session._fast_room.get(gid, (False, False))
+    for gid, slots in session.fast_segments.slots.items():
+        mid, reads = session.fast_segments.room.get(gid, (False, False))
         out["fast" if slots is not None else "nofast"] += 1
         out["nomid"] += slots is not None and size_of.get(gid, 0) <= MID_RANKS and not mid
         out["reads"] += reads
-    out["segs"] = sum(1 for s in session._segments.values() if s.reserved)
-    out["noseg"] = sum(1 for s in session._segments.values() if s.refused)
+    out["segs"] = sum(1 for s in session.shm.segments.values() if s.reserved)
+    out["noseg"] = sum(1 for s in session.shm.segments.values() if s.refused)
     out["nop2p"] = int(session.p2p is not None and (session.p2p._no_inbox
                                                     or session.p2p._no_stash))
 result(rank, err, checks=checks, groups=sum(1 for _, _, m in groups if rank in m

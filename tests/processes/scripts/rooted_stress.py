@@ -59,7 +59,7 @@ for step in range(int(sys.argv[2]) if len(sys.argv) > 2 else 600):
     else:
         minidist.barrier()
     calls += kind in ("scatter", "gather", "all_gather")
-rooted = api.door()._session._fast[WORLD_ID].rooted
+rooted = api.door()._session.fast_segments.slots[WORLD_ID].rooted
 assert int(rooted.done[rooted.me]) > 0, "the rooted area was never used"
 print(f"rank {rank} ROOTED STRESS OK {calls}", flush=True)
 minidist.destroy()
