@@ -277,13 +277,16 @@ class Rooted:
     def _release(self, hw: int, number: int) -> None:
         """Store the call's number into the release word of the header whose first word
         is ``hw`` and wake its sleepers (one system call for all), if any said they
-        sleep."""
+        sleep: a sleeper stores the number of the call it waits for into the header's
+        *sleeping* word, which nobody resets (a reset could erase the word of a
+        receiver already waiting for this header's next call, while this rank was
+        preempted between its load and its store: its wake-up would be lost). A number
+        from a later call wakes too; those sleepers look again and sleep on."""
         w = self.w
         w[hw + RELEASE // 4] = number
-        flag = hw + SLEEPING_RELEASE // 4
         fence()
-        if w[flag]:
-            w[flag] = 0
+        said = w[hw + SLEEPING_RELEASE // 4]
+        if said and (said - number) & 0x7FFFFFFF < 1 << 30:
             futex_wake(self.base + (hw + RELEASE // 4) * 4)
 
     # ------------------------------------------------------------------ reuse
@@ -425,7 +428,7 @@ class Rooted:
             now = time.monotonic()
             if now - checked < CHECK_EVERY:  # woken by progress (a count that grew)
                 if flag is not None:
-                    words[flag] = 1
+                    words[flag] = number
                 futex_wait(addr, seen, min(SLICE, deadline - now))
                 continue
             checked = now
@@ -444,7 +447,7 @@ class Rooted:
                 reported = True
                 hooks.stalled(call)
             if flag is not None:
-                words[flag] = 1  # then the kernel's lock, then its look at the word
+                words[flag] = number  # then the kernel's lock, then its look at the word
             futex_wait(addr, seen, min(SLICE, deadline - now))
 
     def _missing(self, parity: int, number: int, releaser: int | None) -> list[int]:

@@ -33,6 +33,7 @@ from ._tensors import (
     check_tensor,
     packed,
     plain_view,
+    plain_views,
     same_dtype,
     scratch_like,
 )
@@ -85,6 +86,10 @@ def members(g: Group | None) -> tuple[int, ...]:
     return g.ranks
 
 
+def _size(g: Group | None) -> int:
+    return md.get_world_size() if g is None else g.size
+
+
 def _futures(*works: Any) -> list:
     return [w.get_future() for w in works]
 
@@ -115,6 +120,13 @@ def _copy_out(buf: torch.Tensor, outs: Sequence[torch.Tensor]) -> Callable[[], N
     def post() -> None:
         for i, o in enumerate(outs):
             o.detach().copy_(buf[i].reshape(o.shape))
+    return post
+
+
+def _copy_rows(rows: np.ndarray, views: list[np.ndarray]) -> Callable[[], None]:
+    def post() -> None:
+        for v, row in zip(views, rows):
+            v.reshape(-1)[:] = row
     return post
 
 
@@ -375,6 +387,16 @@ def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op: Any,
 def gather(t: torch.Tensor, outs: Sequence[torch.Tensor] | None, dst: int,
            g: Group | None, blocking: bool = False) -> Work | Blocking:
     what = "gather"
+    inp = plain_view(t)
+    if inp is not None and md.get_rank() == dst:
+        views = plain_views(outs, inp)
+        if views is not None and len(views) == _size(g):  # plain tensors: numpy views
+            arr = np.empty((len(views), inp.size), inp.dtype)
+            item = md.door().plan.prepare_gather(inp, arr, dst, g, None)
+            return _issue(item, _copy_rows(arr, views), [list(outs)], what, blocking)
+    elif inp is not None:
+        item = md.door().plan.prepare_gather(inp, None, dst, g, None)
+        return _issue(item, None, [], what, blocking)
     _gpu_only(what, t, *(outs or []))
     check_tensor(t, what)
     inp = as_input(t, what)
@@ -393,6 +415,16 @@ def gather(t: torch.Tensor, outs: Sequence[torch.Tensor] | None, dst: int,
 def scatter(t: torch.Tensor, ins: Sequence[torch.Tensor] | None, src: int,
             g: Group | None, blocking: bool = False) -> Work | Blocking:
     what = "scatter"
+    arr = plain_view(t)
+    if arr is not None:  # plain tensors: their numpy views, no copies but the root's
+        inp = None
+        if md.get_rank() == src:
+            views = plain_views(ins, arr)
+            if views is not None and len(views) == _size(g):
+                inp = np.concatenate(views, axis=None)
+        if inp is not None or md.get_rank() != src:
+            item = md.door().plan.prepare_scatter(arr.reshape(-1), inp, src, g, None)
+            return _issue(item, None, [t], what, blocking)
     _gpu_only(what, t, *(ins or []))
     check_tensor(t, what)
     inp = None

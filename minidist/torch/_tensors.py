@@ -133,6 +133,28 @@ def plain_view(t: object) -> np.ndarray | None:
     return arr
 
 
+def plain_views(ts: object, like: np.ndarray) -> list[np.ndarray] | None:
+    """The numpy views of a list (or tuple) of plain CPU tensors (see
+    :func:`plain_view`) of ``like``'s dtype and number of elements, in order; None if
+    any is not one (the caller then takes the general path, which says what is
+    wrong)."""
+    if type(ts) is not list and type(ts) is not tuple:
+        return None
+    views = []
+    dtype, size = like.dtype, like.size
+    for t in ts:
+        if type(t) is not torch.Tensor:
+            return None
+        try:
+            arr = t.numpy()
+        except (TypeError, RuntimeError, NotImplementedError, ValueError):
+            return None
+        if arr.dtype != dtype or arr.size != size or not arr.flags.c_contiguous:
+            return None
+        views.append(arr)
+    return views
+
+
 def forget_views() -> None:
     """Drop the remembered view (and so the tensor it holds)."""
     global _last

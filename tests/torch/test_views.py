@@ -96,3 +96,35 @@ def test_only_small_tensors_are_kept_alive():
     gc.collect()
     assert ref() is None
     assert _tensors._last[0] is None
+
+
+def test_plain_views_are_the_tensors_memory_in_order():
+    like = np.zeros(4, np.float32)
+    ts = [torch.full((2, 2), float(i)) for i in range(3)]
+    views = _tensors.plain_views(ts, like)
+    assert views is not None and len(views) == 3
+    for i, (t, v) in enumerate(zip(ts, views)):
+        assert v.shape == (2, 2) and (v == i).all()
+        v[0, 0] = 100 + i  # written through to the tensor
+        assert t[0, 0].item() == 100 + i
+    assert _tensors.plain_views(tuple(ts), like) is not None
+
+
+@pytest.mark.parametrize("odd", ["dtype", "size", "strided", "grad", "not a tensor",
+                                 "not a list"])
+def test_plain_views_refuse_what_the_general_path_must_check(odd):
+    like = np.zeros(4, np.float32)
+    ts = [torch.zeros(4) for _ in range(3)]
+    if odd == "dtype":
+        ts[1] = torch.zeros(4, dtype=torch.float64)
+    elif odd == "size":
+        ts[2] = torch.zeros(5)
+    elif odd == "strided":
+        ts[1] = torch.zeros(8)[::2]
+    elif odd == "grad":
+        ts[0] = torch.zeros(4, requires_grad=True)
+    elif odd == "not a tensor":
+        ts[1] = np.zeros(4, np.float32)
+    if odd == "not a list":
+        ts = iter(ts)
+    assert _tensors.plain_views(ts, like) is None
