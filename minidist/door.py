@@ -29,7 +29,8 @@ from . import first_k, forkguard
 from .errors import DistError, DistTimeoutError
 from .fast_p2p import NOT_TAKEN
 from .group import NON_GROUP_MEMBER, Group
-from .plan import P2P, Planner, Prepared
+from .plan import Planner
+from .prepared import P2P, Prepared
 from .runtime import Runtime
 from .session import Session
 

@@ -22,7 +22,7 @@ import numpy as np
 from . import fast_rooted, fastpath, ops, wire
 from .errors import DistError, DistTimeoutError
 from .fast_segments import FastSegments
-from .plan import Prepared
+from .prepared import Prepared
 
 if TYPE_CHECKING:
     from .runtime import Runtime

@@ -18,7 +18,7 @@ from typing import Any
 
 from . import fast_rooted, fastpath, segments, shm_setup
 from .errors import DistError, DistTimeoutError
-from .plan import FAST_TAG, Prepared
+from .prepared import FAST_TAG, Prepared
 
 REFUSAL_CHECK = 0.02  # seconds between a set-up's looks at lost ranks and aborts
 

@@ -1,124 +1,45 @@
-"""Planning a call: argument checks, numbering, algorithm choice, the plan cache.
+"""Planning a call: argument checks, numbering, the plan cache.
 
 Pure: no socket, no event loop. A :class:`Planner` runs on the caller's thread, in call
-order; what it returns (a :class:`Prepared` collective or a :class:`P2P` message) is
-what the door starts and the session executes. Everything a bad argument can break is
-checked here, before anything is numbered or sent.
+order; what it returns (a :class:`Prepared` collective or a :class:`P2P` message, records
+defined in :mod:`minidist.prepared`) is what the door starts and the session executes.
+Everything a bad argument can break is checked here, before anything is numbered or
+sent. Which calls take the fast path, and how, is :mod:`minidist.fast_plan`'s; the
+algorithm and schedule of the others is :mod:`minidist.socket_plan`'s; where the ranks
+are, :mod:`minidist.placement`'s.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
-from . import algorithms, collectives, fast_rooted, fastpath, ops, wire
-from .algorithms import cost
-from .algorithms import shm as shm_algorithm
+from . import collectives, ops, wire
 from .algorithms.schedule import Schedule
 from .errors import NotInGroupError
+from .fast_plan import FastPlanner
 from .group import NON_GROUP_MEMBER, WORLD_ID, Group, group_id
 from .ops import ReduceOp
+from .placement import Placement
+from .prepared import P2P, P2P_TAG_LIMIT, Call, Prepared
+from .socket_plan import SocketPlanner
 
 log = logging.getLogger("minidist.plan")
 
-
-class Call(NamedTuple):
-    """What one collective call looks like on this rank; frames carry it so that ranks
-    that called different things find out from the first frame. (A named tuple: as
-    immutable as a frozen dataclass, and made in a seventh of the time, once per call.)"""
-
-    kind: wire.Kind
-    group: Group
-    seq: int
-    dtype: int
-    op: int
-    algorithm: int
-    algorithm_name: str
-    root: int  # global rank, -1 if none
-    count: int
-    shape: int
-
-    @property
-    def name(self) -> str:
-        return self.kind.name.lower()
-
-    def describe(self, h: wire.Header | None = None) -> str:
-        """The call as a user would write it (or as the frame ``h`` says its sender did)."""
-        if h is None:
-            kind, dtype, op, root, count, algo = (self.kind, self.dtype, self.op, self.root,
-                                                  self.count, self.algorithm)
-        else:
-            kind, dtype, op, root, count, algo = h.kind, h.dtype, h.op, h.root, h.count, \
-                h.algorithm
-        try:
-            dt = str(ops.dtype_from_code(dtype))
-        except ValueError:
-            dt = f"code {dtype}"
-        name = wire.Kind(kind).name.lower()
-        parts = [f"count={count}", f"dtype={dt}"]
-        if kind in (wire.Kind.ALL_REDUCE, wire.Kind.REDUCE, wire.Kind.REDUCE_SCATTER):
-            parts.append(f"op={ReduceOp(op).name}")
-        if root >= 0:
-            parts.append(f"root={root}")
-        if kind != wire.Kind.P2P:
-            algo_name = self.algorithm_name if h is None and algo == FAST_INDEX \
-                else algorithms.name_of(name, algo)
-            parts.append(f"algorithm={algo_name!r}" if algo_name is not None
-                         else f"an algorithm not registered here (wire index {algo})")
-        return f"{name}({', '.join(parts)})"
-
-
-@dataclass(eq=False)
-class Prepared:
-    """A validated call, numbered and scheduled, ready to execute."""
-
-    call: Call | None  # None: nothing to communicate (a group of one)
-    schedule: Schedule | None
-    bufs: dict[str, np.ndarray]
-    op: ReduceOp
-    user: np.ndarray | None = None  # the caller's array when ``bufs`` hold a copy
-    finish: bool = False
-    sent: frozenset[int] = frozenset()  # first-step sends done from the caller's thread
-    fast: int = -1  # a fast call (minidist.fastpath): its number among the group's, else -1
-    fast_numbers: int = 1  # ... and how many of the group's fast-call numbers it uses
-    reads: bool = False  # ... and whether it reads its peers' vectors (fastpath.reads_peers)
-
-
-P2P_TAG_LIMIT = 1 << 31  # tags from 2**31 up are minidist's own
-SHM_TAG = P2P_TAG_LIMIT + 1  # setting up a group's shared-memory segment
-SHM_BROADCAST_MIN_BYTES = 256 * 1024
-FAST_TAG = P2P_TAG_LIMIT + 2  # setting up a group's fast slots
-FAST_INDEX = 254  # the "algorithm" of a fast call (no frames carry it)
 FAST_KINDS = (wire.Kind.ALL_REDUCE, wire.Kind.BROADCAST, wire.Kind.BARRIER, wire.Kind.SCATTER,
               wire.Kind.GATHER, wire.Kind.ALL_GATHER)  # see fastpath, fast_rooted
 PLAN_CACHE = 4096  # calls whose algorithm and schedule a session remembers
-
-
-@dataclass(eq=False)
-class P2P:
-    """A prepared point-to-point message: to or from ``peer`` (a global rank)."""
-
-    group: Group
-    peer: int
-    tag: int
-    seq: int
-    flat: np.ndarray | None  # None: an object of any size
-    shape: int
-    is_object: bool
-    user: np.ndarray | None = None  # the caller's array when ``flat`` is a copy
-    sending: bool = False
-    source: int = -1  # a receive's sender, once it is done (``peer`` is -1: any source)
 
 
 class Planner:
     """Plans the calls of one rank. ``number(group)`` and ``number_p2p(group, peer, tag,
     sending)`` hand out call numbers (the engine's counters); ``costs`` is the cost
     model's calibration; ``shm_enabled`` whether shared memory may be used; ``forced``
-    the per-job algorithm overrides (collective -> name)."""
+    the per-job algorithm overrides (collective -> name; ``forced`` keeps the dict, read
+    by both planners below). ``fast_planner`` plans the calls that take the fast path,
+    ``socket_planner`` the others; ``placement`` says where the ranks are."""
 
     def __init__(self, rank: int, world_size: int,
                  number: Callable[[Group], int],
@@ -130,43 +51,45 @@ class Planner:
         # (messages with group=None keep the world: any two ranks may talk)
         self.default = self.world
         self.incarnations = [0] * world_size  # restarts of each rank (minidist.elastic)
-        self.nodes: list[int] = [0] * world_size
-        self._one_node = True
-        self._number = number
+        self.placement = Placement(world_size)
         self._number_p2p = number_p2p
-        self.shm_enabled = shm_enabled
-        self.costs = costs
-        self._forced = forced
+        self.forced = forced
+        self.fast_planner = FastPlanner(self.placement, number, forced)
+        self.socket_planner = SocketPlanner(rank, self.placement, shm_enabled, costs, forced)
+        # per call: the fast planner's own method, and the engine's counter
+        self._prepare_fast = self.fast_planner.prepare
+        self._number = number
         self._group_counts: dict[tuple[int, ...], int] = {}
         self._plans: dict[tuple, tuple] = {}
         self.fast = False  # calls that fit take the fast path (fastpath.takes)
-        self._fast_calls: dict[int, int] = {}
         self._digests: dict[tuple[int, ...], int] = {}
-        self._layouts: dict[int, tuple[int, ...]] = {}
-        self._read_keys: list[str | None] = [None] * world_size
-        self._reads: dict[int, bool] = {}
-        self._fast_plans: dict[tuple, tuple] = {}  # see _fast_plan
+        self._fast_plans: dict[tuple, tuple] = {}  # see FastPlanner.plan
 
     def set_nodes(self, nodes: list[int], read_keys: list[str | None] | None = None) -> None:
         """The node index of every rank (from the rendezvous' welcome), and what each
         must share with another to read its memory (:func:`minidist.peer_memory.key`;
         None: it cannot)."""
-        self.nodes = list(nodes)
-        self._one_node = max(self.nodes) == 0
-        self._layouts.clear()
-        if read_keys is None or len(read_keys) != len(self.nodes):
-            read_keys = [None] * len(self.nodes)
-        self._read_keys = list(read_keys)
-        self._reads.clear()
+        self.placement.set(nodes, read_keys)
         self._fast_plans.clear()
 
-    def _can_read(self, g: Group) -> bool:
-        """Whether the ranks of ``g`` (on one node) can read each other's memory."""
-        ok = self._reads.get(g.id)
-        if ok is None:
-            keys = {self._read_keys[r] for r in g.ranks}
-            ok = self._reads[g.id] = len(keys) == 1 and None not in keys
-        return ok
+    @property
+    def nodes(self) -> list[int]:
+        """The node index of every rank."""
+        return self.placement.nodes
+
+    @property
+    def shm_enabled(self) -> bool:
+        """Whether calls may use shared memory (the ``shared_memory`` algorithm)."""
+        return self.socket_planner.shm_enabled
+
+    @shm_enabled.setter
+    def shm_enabled(self, enabled: bool) -> None:
+        self.socket_planner.shm_enabled = enabled
+
+    def can_read(self, g: Group) -> bool:
+        """Whether every rank of ``g`` said it can read the others' memory (their keys,
+        :func:`minidist.peer_memory.key`, are equal)."""
+        return self.placement.can_read(g)
 
     # ------------------------------------------------------------------ groups
 
@@ -350,7 +273,7 @@ class Planner:
             fkey = (kind, g.id, flat.dtype, count, shape)
             fast = self._fast_plans.get(fkey)
             if fast is None:
-                fast = self._fast_plan(kind, g, flat.dtype, count, shape)
+                fast = self.fast_planner.plan(kind, g, flat.dtype, count, shape)
                 if len(self._fast_plans) > PLAN_CACHE:
                     self._fast_plans.clear()
                 self._fast_plans[fkey] = fast
@@ -360,7 +283,8 @@ class Planner:
         key = (kind, g.id, flat.dtype, count, bufs["in"].size, shape, root, algorithm)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plan(kind, g, flat, bufs["in"], count, shape, root, algorithm)
+            plan = self.socket_planner.plan(kind, g, flat, bufs["in"], count, shape, root,
+                                            algorithm)
             if len(self._plans) > PLAN_CACHE:
                 self._plans.clear()
             self._plans[key] = plan
@@ -372,97 +296,12 @@ class Planner:
                     digest)
         return Prepared(call, sched, bufs, op, copied, finish)
 
-    def _fast_plan(self, kind: wire.Kind, g: Group, dtype: np.dtype, count: int,
-                   shape: tuple[int, ...]) -> tuple:
-        """How a call takes the fast path, ``(dtype code, shape digest, reads, numbers
-        used, algorithm name)``, or ``()`` when it does not (the same for every call
-        of this kind, group, dtype, count and shape)."""
-        collective = kind.name.lower()
-        nbytes = count * dtype.itemsize
-        direct = self._can_read(g)
-        rooted = fast_rooted.takes(collective, g.size, nbytes)
-        if not ((rooted or fastpath.takes(collective, g.size, nbytes, direct))
-                and collective not in self._forced
-                and (self._one_node or len(set(self._layout(g))) == 1)):
-            return ()
-        digest = self._digest(shape)
-        reads = fastpath.reads_peers(collective, nbytes, direct, g.size)
-        uses = 1 if rooted else fastpath.numbers(nbytes, dtype.itemsize, reads, g.size,
-                                                 collective)
-        name = "single_copy" if reads else "shared_slots"
-        return ops.dtype_code(dtype), digest, reads, uses, name
+    def socket_schedule(self, call: Call, bufs: dict[str, np.ndarray]) -> Schedule:
+        """The schedule ``call`` (planned for shared memory) runs instead when its group
+        has no shared memory to use (:meth:`SocketPlanner.schedule`)."""
+        return self.socket_planner.schedule(call, bufs)
 
-    def _prepare_fast(self, kind: wire.Kind, g: Group, bufs: dict[str, np.ndarray],
-                      op: ReduceOp, root: int, count: int, copied: np.ndarray | None,
-                      finish: bool, fast: tuple) -> Prepared:
-        """A call on one node through the group's shared slots, by the caller's thread
-        (:mod:`minidist.fastpath`), numbered among the group's fast calls; ``fast``:
-        what :meth:`_fast_plan` said of it."""
-        code, digest, reads, uses, name = fast
-        f = self._fast_calls.get(g.id, 0)
-        self._fast_calls[g.id] = f + uses
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s on %r: %s (%d elements of %s)", kind.name.lower(), g, name,
-                      count, bufs["out"].dtype)
-        call = Call(kind, g, self._number(g), code, int(op), FAST_INDEX, name, root, count,
-                    digest)
-        return Prepared(call, None, bufs, op, copied, finish, fast=f, fast_numbers=uses,
-                        reads=reads)
-
-    def can_read(self, g: Group) -> bool:
-        """Whether every rank of ``g`` said it can read the others' memory (their keys,
-        :func:`minidist.peer_memory.key`, are equal)."""
-        return self._can_read(g)
-
-    def socket_schedule(self, call: Call, bufs: dict[str, np.ndarray]):
-        """The schedule ``call`` (planned for shared memory: the fast path, or the
-        ``shared_memory`` algorithm) runs instead when its group has no shared memory to
-        use: what the socket path would choose, never ``shared_memory`` (the same on
-        every rank, which keeps ``call`` itself: its frames carry its algorithm)."""
-        g = call.group
-        return self._plan(call.kind, g, bufs["out"], bufs["in"], call.count, (), call.root,
-                          None, shm=False)[3]
-
-    def _plan(self, kind: wire.Kind, g: Group, flat: np.ndarray, inp: np.ndarray,
-              count: int, shape: tuple[int, ...], root: int, algorithm: str | None,
-              shm: bool | None = None):
-        """(algorithm, its wire index, shape digest, schedule, dtype code) of a call
-        (``shm``: whether shared memory may be used; None: if it is allowed)."""
-        collective = kind.name.lower()
-        instead = shm is not None  # a stand-in for a call that had to give shared memory up
-        shm = self.shm_enabled if shm is None else shm
-        # the same on every rank: the whole vector (for gather and scatter, the root's)
-        nbytes = count * flat.itemsize * (1 if collective in algorithms.IN_PLACE else g.size)
-        layout = self._layout(g)
-        forced = algorithm or self._forced.get(collective)
-        if instead and forced == "shared_memory":
-            forced = None
-        if forced == "shared_memory" and (len(set(layout)) > 1 or not shm):
-            raise ValueError(f"{collective}: algorithm 'shared_memory' needs a group on one "
-                             "node and shared memory enabled (MINIDIST_SHM is not 0)")
-        if (kind == wire.Kind.BROADCAST and forced is None and shm
-                and len(set(layout)) == 1 and nbytes >= SHM_BROADCAST_MIN_BYTES):
-            forced = "shared_memory"  # one node, a large vector: one copy in, one out
-        if kind == wire.Kind.ALL_REDUCE and forced is None:
-            if len(set(layout)) == g.size > 1:
-                pass  # one rank per node: nothing to do inside nodes, a flat algorithm
-            elif len(set(layout)) > 1:
-                forced = "hierarchical"  # the group spans nodes: reduce inside each first
-            else:  # one node: the cost model picks
-                chunk = shm_algorithm.chunk_elements(g.size, flat.itemsize) * flat.itemsize
-                forced = cost.choose(g.size, nbytes, self.costs, chunk,
-                                     cost.CANDIDATES if shm
-                                     else cost.CANDIDATES[:-1], itemsize=flat.itemsize)
-        if kind == wire.Kind.ALL_TO_ALL and forced is None:  # the replay picks
-            forced = cost.choose_replayed("all_to_all", g.size, count, self.costs,
-                                          cost.ALL_TO_ALL_CANDIDATES, itemsize=flat.itemsize,
-                                          nodes=layout)
-        name = choose_algorithm(collective, g.size, nbytes, count, forced)
-        sched = algorithms.make_schedule(collective, name, g.rank_of(self.rank), g.size,
-                                         count, g.rank_of(root) if root >= 0 else 0,
-                                         nodes=layout, itemsize=flat.itemsize)
-        return (name, algorithms.wire_index(collective, name), wire.shape_digest(shape),
-                sched, ops.dtype_code(flat.dtype))
+    # ------------------------------------------------------------------ messages
 
     def prepare_send(self, array: np.ndarray | bytes, dst: int, tag: int, group: object,
                      is_object: bool = False, internal: bool = False) -> P2P:
@@ -518,30 +357,6 @@ class Planner:
         if rank == self.rank:
             raise ValueError(f"{what}: {name}={rank} is this rank itself")
         return rank
-
-    def _layout(self, g: Group) -> tuple[int, ...]:
-        """The node of each rank of ``g``, numbered from 0 in order of appearance."""
-        layout = self._layouts.get(g.id)
-        if layout is None:
-            if self._one_node:
-                layout = (0,) * g.size
-            else:
-                nodes = np.asarray(self.nodes)[list(g.ranks)]
-                _, first, inverse = np.unique(nodes, return_index=True, return_inverse=True)
-                order = np.empty(len(first), np.int64)
-                order[np.argsort(first)] = np.arange(len(first))
-                layout = tuple(order[inverse].tolist())
-            self._layouts[g.id] = layout
-        return layout
-
-
-def choose_algorithm(collective: str, size: int, nbytes: int, count: int,
-                     algorithm: str | None) -> str:
-    """The algorithm for a call: the one given, else the size-based default."""
-    name = algorithm or algorithms.choose(collective, size, nbytes, count=count)
-    if name not in algorithms.ALGORITHMS[collective]:
-        algorithms.wire_index(collective, name)  # ValueError naming the known ones
-    return name
 
 
 _KDL_CPU = 1  # DLPack's device type for host memory

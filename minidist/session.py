@@ -28,7 +28,8 @@ from .fast_calls import FastCalls
 from .fast_p2p import LINGER, FastP2P
 from .fast_segments import FastSegments
 from .group import Group
-from .plan import P2P, Planner, Prepared
+from .plan import Planner
+from .prepared import P2P, Prepared
 from .rendezvous.agent import NodeAgent
 from .rendezvous.client import RendezvousClient
 from .rendezvous.store import KeyValueStore

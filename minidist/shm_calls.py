@@ -22,7 +22,7 @@ from .algorithms import shm as shm_algorithm
 from .algorithms.schedule import Schedule
 from .errors import DistError
 from .group import Group
-from .plan import SHM_TAG, Prepared
+from .prepared import SHM_TAG, Prepared
 
 
 class ShmCalls:

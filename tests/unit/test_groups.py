@@ -60,4 +60,4 @@ def test_layout_numbers_nodes_in_order_of_appearance(nodes, data):
     if 0 not in ranks:
         ranks.append(0)
     g = s.new_group(ranks)
-    assert s._layout(g) == _appearance([nodes[r] for r in g.ranks])
+    assert s.placement.layout(g) == _appearance([nodes[r] for r in g.ranks])

@@ -180,5 +180,5 @@ def test_the_fast_path_choice_is_remembered_per_shape_and_forgotten_with_the_lay
     assert pl.prepare_all_reduce(x, ReduceOp.SUM, None, None).fast == -1
     # nor for a collective the job forces onto an algorithm
     forced = _planner(0, ["k", "k"])
-    forced._forced["all_reduce"] = "ring"
+    forced.forced["all_reduce"] = "ring"
     assert forced.prepare_all_reduce(x, ReduceOp.SUM, None, None).fast == -1

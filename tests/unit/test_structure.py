@@ -14,8 +14,8 @@ PKG = Path(minidist.__file__).parent
 FRONT_ENDS = ["aio.py", "api.py", "objects.py", "kvstore.py", "shared_array.py", "torch", "ray"]
 BELOW_THE_DOOR = ("minidist.engine", "minidist.rendezvous", "minidist.transport",
                   "minidist.session")
-PURE = ["wire.py", "plan.py", "algorithms/schedule.py", "algorithms/analysis.py",
-        "algorithms/cost.py"]
+PURE = ["wire.py", "plan.py", "prepared.py", "placement.py", "fast_plan.py", "socket_plan.py",
+        "algorithms/schedule.py", "algorithms/analysis.py", "algorithms/cost.py"]
 
 
 def _files(entry: str) -> list[Path]:

@@ -44,7 +44,7 @@ for i in range(24):
     want = expected(members, i, count, dt, op)
     mine = data(rank, i, count, dt)
     g = plan.world if group is None else group
-    paths.add(plan._can_read(g))
+    paths.add(plan.can_read(g))
     check(i, mine, want, op, group)
     small = np.array([rank], np.int32)
     minidist.all_reduce(small, group=group)
