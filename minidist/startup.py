@@ -23,24 +23,26 @@ if TYPE_CHECKING:
     from .rendezvous.server import RendezvousServer
 
 log = logging.getLogger("minidist.startup")
+LOG_HANDLER = "minidist"  # the name of the handler configure_logging adds
 
 
 def configure_logging(who: str) -> None:
     """With ``MINIDIST_LOG_LEVEL`` set, print minidist's log messages from that level up
-    to stderr, each line naming ``who`` ("rank 3", "launcher"); once per process."""
+    to stderr, each line naming ``who`` ("rank 3", "launcher"); once: while its handler
+    (named :data:`LOG_HANDLER`) is there, a second call adds none."""
     level = log_level(os.environ)
     root = logging.getLogger("minidist")
-    if level is None or getattr(root, "_minidist_handler", False):
+    if level is None or any(h.get_name() == LOG_HANDLER for h in root.handlers):
         return
     if level not in logging.getLevelNamesMapping():
         raise ValueError(f"MINIDIST_LOG_LEVEL={level!r} is not a logging level (DEBUG, "
                          "INFO, WARNING, ERROR)")
     handler = logging.StreamHandler()
+    handler.set_name(LOG_HANDLER)
     handler.setFormatter(logging.Formatter(
         f"%(asctime)s minidist {who} %(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
     root.setLevel(level)
-    root._minidist_handler = True  # type: ignore[attr-defined]
 
 
 async def join(cfg: LaunchConfig, timeout: float,
