@@ -61,7 +61,7 @@ from ..processes.harness import clean_env
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 MIB16 = 16 << 20
 SIZES = (4, MIB16)
-OPS = ("all_reduce", "broadcast", "all_gather", "barrier")
+OPS = ("all_reduce", "broadcast", "all_gather", "barrier", "scatter", "gather")
 TIMEOUT = 60.0  # MINIDIST_TIMEOUT for every scenario but the stall: a hang is obvious
 STALL_TIMEOUT = 3.0
 MARGIN = 5.0  # how long past a limit the harness still waits before calling it a hang
@@ -543,7 +543,8 @@ def leave(rng: random.Random, opts: Options, trial: Trial) -> None:
     n = rng.choice(_ns(opts, (2, 3, 4)))
     size = trial.params.pop("size", None) or _pick(rng, opts.sizes, SIZES)
     how = trial.params.pop("how", None) or rng.choice(("return", "destroy"))
-    wait = rng.choice(("recv", "all_reduce", "broadcast", "all_gather", "barrier"))
+    wait = rng.choice(("recv", "all_reduce", "broadcast", "all_gather", "barrier", "scatter",
+                       "gather"))
     leaver = rng.randrange(n)
     others = [r for r in range(n) if r != leaver]
     if wait == "recv":

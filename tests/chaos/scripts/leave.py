@@ -3,7 +3,8 @@ other ranks wait on it, in ``recv`` from it or in a collective that needs it; th
 that do not wait on it (bystanders) keep working on a group of their own.
 
 Parameters: ``leaver``, ``waiters`` (global ranks), ``wait`` (recv, all_reduce,
-broadcast from the leaver, all_gather, barrier), ``how`` (return, destroy), ``size``
+broadcast or scatter from the leaver, all_gather, gather to the first waiter, then a
+barrier, barrier), ``how`` (return, destroy), ``size``
 (bytes), ``delay`` (seconds from READY to the departure), ``gate``.
 """
 
@@ -50,6 +51,13 @@ elif rank in waiters:
         elif w == "all_gather":
             minidist.all_gather(np.empty(count * needs.size, np.float32), x, group=needs)
         elif w == "barrier":
+            minidist.barrier(group=needs)
+        elif w == "scatter":  # from the leaver: every waiter waits for its release
+            minidist.scatter(x, None, src=leaver, group=needs)
+        elif w == "gather":  # to the first waiter, which waits for the leaver's part;
+            root = waiters[0]  # the other waiters only send, so they wait in a barrier
+            out = np.empty(count * needs.size, np.float32) if rank == root else None
+            minidist.gather(x, out, dst=root, group=needs)
             minidist.barrier(group=needs)
         else:
             raise ValueError(f"unknown wait {w}")

@@ -25,7 +25,8 @@ rank, n = minidist.get_rank(), minidist.get_world_size()
 count = max(1, p["size"] // 4)
 ops = p["ops"]
 x = np.empty(count, np.float32)
-out = np.empty(count * n, np.float32) if "all_gather" in ops else None
+out = np.empty(count * n, np.float32) if {"all_gather", "gather"} & set(ops) else None
+blocks = np.repeat(np.arange(1, n + 1, dtype=np.float32), count) if "scatter" in ops else None
 ranks_plus_one = np.arange(1, n + 1, dtype=np.float32)
 
 
@@ -47,11 +48,22 @@ def call(op: str, i: int) -> None:
         minidist.broadcast(x, src=root)
         want = (root + 1) * scale
         got = (x[0], x[-1])
-    elif op == "all_gather":
-        minidist.all_gather(out, x)
+    elif op == "scatter":  # rank r's block holds (r + 1) * scale
+        root = i % n
+        minidist.scatter(x, blocks * scale if rank == root else None, src=root)
+        want = (rank + 1) * scale
+        got = (x[0], x[-1])
+    elif op in ("all_gather", "gather"):
+        root = i % n
+        if op == "all_gather":
+            minidist.all_gather(out, x)
+        else:
+            minidist.gather(x, out if rank == root else None, dst=root)
+            if rank != root:
+                return
         if not (np.array_equal(out[::count], ranks_plus_one * scale)
                 and np.array_equal(out[count - 1::count], ranks_plus_one * scale)):
-            raise WrongResult(f"all_gather #{i} gave {out[::count].tolist()} (first "
+            raise WrongResult(f"{op} #{i} gave {out[::count].tolist()} (first "
                               f"elements), expected {(ranks_plus_one * scale).tolist()}")
         return
     else:
