@@ -16,30 +16,37 @@ goes to that rank (scatter) or comes from it (gather, all_gather).
 
 A call with root ``R`` (group rank 0 for all_gather):
 
-* every rank but ``R`` writes what it sends (gather, all_gather: its input into its
-  piece), its signature, then its number, then adds one to ``R``'s *arrived* count with
-  the kernel's atomic ``FUTEX_WAKE_OP``, which wakes ``R`` when the count becomes
-  complete (the last arriving rank wakes the root: one wake-up per call; a root woken
-  by each arriving rank instead, while the workers of a 2-core machine arrive one by
-  one, made a 32-worker step 4 times slower);
-* ``R`` writes what it sends (scatter: every rank's piece), its signature and number,
-  sleeps until its count is complete, sets it back to 0 (a scatter's before its
-  release, a gather's before its *done* word, which the next adds wait for), compares
-  every signature with its own in one vectorised comparison, stores its *done* word
-  and then (scatter, all_gather) its *release* word, and wakes every sleeper on that
-  word with one ``FUTEX_WAKE``: all the workers of a scatter wait on that one word;
-* in a scatter or all_gather the others wait on the release word, compare their
-  signature with ``R``'s (``R`` stores the call's number in its *differs* word when any
-  differs: then every rank names the first that differs), and copy their piece(s) out;
-  in a gather they do not wait: ``R`` alone reads their pieces. A gather's sender whose
-  root arrived first compares the signatures at once and raises on a mismatch; one whose
-  root comes later hears of the root's mismatch through the group's abort (its array
-  was only read). Nobody's output array is written before its signature check passed.
+* a gather or all_gather: every rank but ``R`` writes its input into its piece, its
+  signature, then its number, then adds one to ``R``'s *arrived* count with the
+  kernel's atomic ``FUTEX_WAKE_OP``, which wakes ``R`` when the count becomes complete
+  (the last arriving rank wakes the root: one wake-up per call; a root woken by each
+  arriving rank instead, while the workers of a 2-core machine arrive one by one, made
+  a 32-worker step 4 times slower). ``R`` writes its signature and number, sleeps until
+  its count is complete, sets it back to 0 (before its *done* word, which the next adds
+  wait for) and compares every signature with its own in one vectorised comparison; a
+  gather's root then copies the pieces out, an all_gather's stores its *release* word
+  and wakes every sleeper on it with one ``FUTEX_WAKE``, and everyone copies every
+  piece. A gather's sender does not wait: it compares its signature with the root's if
+  the root arrived first and raises on a mismatch; else it hears of the root's
+  mismatch through the group's abort (its array was only read);
+* a scatter: ``R`` writes every rank's piece, its signature and number, copies its own
+  block out, stores its *release* word and wakes the sleepers on it (one system call
+  for all the workers of an RL step) and returns without waiting for anyone. Each
+  receiver waits for the release, compares the root's signature with its own (on a
+  mismatch it raises before writing its output), copies its piece out, then writes its
+  signature and number. ``R`` checks those at the start of its next fast call on the
+  group (a gather's root: once everyone arrived, when they all have), before its
+  *done* word passes the scatter (see ``_settle``): a receiver that called something
+  else makes the root raise there, naming it, and the others hear of it through the
+  group's abort. Nobody's output array is written before its own signature check
+  passed; a scatter's root and the receivers that agree with it may have returned from
+  the call before the mismatch is found, with the blocks they were sent.
 
 Memory ordering: as in :mod:`minidist.fastpath` (x86 TSO; each store and load is a
 separate call into numpy's C code, which the compiler does not reorder across; the
 kernel's futex calls are full fences, and the release's wake-up follows the same
-flag-and-fence protocol).
+flag-and-fence protocol, with the sleeper's call number as its flag: see
+``Rooted._release``).
 
 Reuse. Every rank runs the group's fast calls in the same order, so each knows, for
 each parity, which call last used this area (its number, kind and root). Before call
@@ -49,13 +56,16 @@ the root of ``f'`` (which read every header and, in a gather, every piece, and r
 count); every rank when ``f'`` was an all_gather (everyone read everyone's piece), when
 this rank was the root of ``f'`` (everyone read its header: its signature, release and
 differs words), or when this rank, as the root of a scatter, writes the others' pieces
-after a scatter (each read its own). A rank stores its *done* word only after its last load of the
-call (a scatter's or all_gather's root before its release word, so a rank that saw the
-release sees it). So a piece, header or count is never overwritten while someone may
+after a scatter (each read its own). A scatter's receiver that follows a scatter of
+the same root on this parity skips that wait: it writes its header only after the
+root's release, which the root stores only after it settled the scatter before. A rank
+stores its *done* word only after its last load of the call (an all_gather's root
+before its release word, so a rank that saw the release sees it; a scatter's root once
+it settled the call). So a piece, header or count is never overwritten while someone may
 still read it. In the RL pattern (scatter, gather, scatter, ...) these words are
 already past by the time anyone looks: the root's scatter follows its gather, which
-needed every worker's arrival, and a worker's gather follows the scatter that its root
-released after finishing the gather before.
+needed every worker's arrival, and a worker's scatter waits for a release that its
+root stores only after it settled the scatter before.
 
 A call that ends early on a rank (an error, a timeout, an interrupt) leaves that rank
 unable to write the area again: every later call of the group on this path refuses on
