@@ -45,6 +45,7 @@ class Door:
         self._session = session
         self.runtime = runtime
         self.plan: Planner = session.plan
+        self.fast_calls = session.fast_calls  # (minidist.fast_repeat runs calls through it)
         forkguard.track(self)  # a forked child cannot use it (see minidist.forkguard)
 
     # ------------------------------------------------------------------ who we are

@@ -6,7 +6,7 @@ turn by its fast-call number, :attr:`Prepared.fast`). A blocking caller runs its
 its own thread; a call from the loop (``async_op``, :mod:`minidist.aio`) runs on a
 thread of a pool. A call its group's segment has no room for runs over sockets on the
 loop instead, as every rank of the group does. This is the per-call path of the fast
-path: what it does per call is counted (``/work/notes/overhead.py``).
+path: every Python call here is paid on every fast call.
 """
 
 from __future__ import annotations
@@ -114,17 +114,7 @@ class FastCalls:
         deadline = time.monotonic() + self.timeout_of(g)
         turns = self._turn
         if turns.get(g.id, 0) != p.fast:  # an earlier call on the group is running
-            with self._cond:
-                self._waiting += 1
-                try:
-                    ok = self._cond.wait_for(lambda: turns.get(g.id, 0) == p.fast,
-                                             max(0.0, deadline - time.monotonic()))
-                finally:
-                    self._waiting -= 1
-            if not ok:
-                raise DistTimeoutError(f"{call.name} on {g!r} (call #{call.seq}) timed out "
-                                       "behind this rank's earlier calls on the group",
-                                       collective=call.name, group=g)
+            self._wait_turn(call, p.fast, deadline)
         hooks = self._hooks
         if hooks is None or hooks.loop is not loop:
             hooks = self._hooks = _FastHooks(self, loop)
@@ -159,6 +149,57 @@ class FastCalls:
             if self._waiting:
                 with self._cond:
                     self._cond.notify_all()
+
+    def _wait_turn(self, call, f: int, deadline: float) -> None:
+        """Until it is fast call ``f``'s turn on its group (DistTimeoutError at the
+        deadline)."""
+        g, turns = call.group, self._turn
+        with self._cond:
+            self._waiting += 1
+            try:
+                ok = self._cond.wait_for(lambda: turns.get(g.id, 0) == f,
+                                         max(0.0, deadline - time.monotonic()))
+            finally:
+                self._waiting -= 1
+        if not ok:
+            raise DistTimeoutError(f"{call.name} on {g!r} (call #{call.seq}) timed out "
+                                   "behind this rank's earlier calls on the group",
+                                   collective=call.name, group=g)
+
+    def run_rooted(self, call, f: int, out: np.ndarray, src: np.ndarray,
+                   loop: asyncio.AbstractEventLoop) -> None:
+        """:meth:`run` for a scatter or gather planned once (:mod:`minidist.fast_repeat`)
+        on a group whose segment has its rooted area: the same turn, refusal, deadline
+        and error handling, without a :class:`Prepared`."""
+        g = call.group
+        engine = self.engine
+        deadline = time.monotonic() + self.timeout_of(g)
+        turns = self._turn
+        if turns.get(g.id, 0) != f:
+            self._wait_turn(call, f, deadline)
+        hooks = self._hooks
+        if hooks is None or hooks.loop is not loop:
+            hooks = self._hooks = _FastHooks(self, loop)
+        try:
+            refused = engine.refusal(call, consume=False)
+            if refused is not None:
+                raise refused
+            self._slots[g.id].rooted.run(f, call, out, src, deadline, hooks)
+        except DistError as e:
+            loop.call_soon_threadsafe(engine.fast_failed, call, e)
+            raise
+        finally:
+            turns[g.id] = f + 1
+            if self._waiting:
+                with self._cond:
+                    self._cond.notify_all()
+
+    def repeatable(self, p: Prepared) -> bool:
+        """Whether a call like ``p`` (a scatter or gather that ran on the fast path) may
+        be planned once and run by :meth:`run_rooted` from now on: its group's segment
+        has the rooted area and nothing is traced."""
+        return (p.call.kind in fast_rooted.KINDS and self.engine.tracer is None
+                and self._slots.get(p.call.group.id) is not None)
 
     def run_traced(self, p: Prepared, loop: asyncio.AbstractEventLoop) -> None:
         """:meth:`run`, recorded as one slice (MINIDIST_TRACE)."""

@@ -52,6 +52,14 @@ class FastPlanner:
         name = "single_copy" if reads else "shared_slots"
         return ops.dtype_code(dtype), digest, reads, uses, name
 
+    def take(self, g: Group) -> tuple[int, int]:
+        """Number one more fast call of ``g`` that uses one fast-call number (a rooted
+        call planned once, :mod:`minidist.fast_repeat`): (its fast-call number, its call
+        number), as :meth:`prepare` numbers it."""
+        f = self._numbers.get(g.id, 0)
+        self._numbers[g.id] = f + 1
+        return f, self._number(g)
+
     def prepare(self, kind: wire.Kind, g: Group, bufs: dict[str, np.ndarray],
                 op: ReduceOp, root: int, count: int, copied: np.ndarray | None,
                 finish: bool, fast: tuple) -> Prepared:

@@ -45,7 +45,8 @@ _CODE = {dt: i for i, dt in enumerate(DTYPES)}
 def dtype_code(dtype: np.dtype) -> int:
     """The wire code of a numpy dtype; raises TypeError for dtypes minidist cannot move."""
     try:
-        return _CODE[np.dtype(dtype)]
+        code = _CODE.get(dtype)  # a numpy dtype is its own key (no np.dtype() per call)
+        return code if code is not None else _CODE[np.dtype(dtype)]
     except (KeyError, TypeError):
         raise TypeError(f"minidist cannot move arrays of dtype {dtype!r}") from None
 

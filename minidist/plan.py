@@ -189,6 +189,7 @@ class Planner:
         g = self.group(group, "gather")
         _member(g, dst, "gather", "dst")
         inp = _flat_in(input, "gather (input)", None)
+        shape = input.shape if type(input) is np.ndarray else np.shape(input)
         if self.rank == dst:
             if output is None:
                 raise ValueError("gather: the dst rank must pass an output array")
@@ -196,10 +197,9 @@ class Planner:
             _dtypes("gather", out.dtype, inp.dtype)
             _sizes("gather", out.size, inp.size * g.size, "output", "input x group size")
         else:
-            out_user = out = np.empty(0, inp.dtype)
+            out_user = out = inp[:0]
         return self._prepare(wire.Kind.GATHER, g, out_user, out, ReduceOp.SUM, dst,
-                             algorithm, False, inp=inp, count=inp.size,
-                             shape=np.shape(input))
+                             algorithm, False, inp=inp, count=inp.size, shape=shape)
 
     def prepare_scatter(self, output: np.ndarray, input: np.ndarray | None, src: int,
                         group: object, algorithm: str | None) -> Prepared:
@@ -212,7 +212,7 @@ class Planner:
             inp = _flat_in(input, "scatter (input)", out.dtype)
             _sizes("scatter", inp.size, out.size * g.size, "input", "output x group size")
         else:
-            inp = np.empty(0, out.dtype)
+            inp = out[:0]
         return self._prepare(wire.Kind.SCATTER, g, out_user, out, ReduceOp.SUM, src,
                              algorithm, False, inp=inp, count=out.size)
 
@@ -399,6 +399,8 @@ def _flat_in(array: object, what: str, dtype: np.dtype | None) -> np.ndarray:
     ops.dtype_code(array.dtype)
     if dtype is not None:
         _dtypes(what, dtype, array.dtype)
+    if array.flags.c_contiguous:
+        return array.reshape(-1)
     return np.ascontiguousarray(array).reshape(-1)
 
 

@@ -81,3 +81,14 @@ def test_workers_waiting_for_the_learner_sleep():
     line = next(line for line in job.out.splitlines() if "WAIT" in line)
     assert float(line.split("waited_min=")[1].split()[0]) >= 4.5, line
     assert float(line.split("cpu_seconds=")[1].split()[0]) < 1.0, line
+
+
+@pytest.mark.parametrize("n,seed", [(2, 3), (4, 4)])
+def test_repeated_calls_planned_once_stay_exact_and_check_their_arrays(n, seed):
+    """A scatter or gather repeated with the same arrays runs planned once
+    (minidist.fast_repeat); varied calls in between, and arrays it must not take, go the
+    general way."""
+    with Job(n, SCRIPTS / "repeat_calls.py", str(seed), "400") as job:
+        rc = job.wait(200)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    assert job.out.count("REPEAT OK") == n
