@@ -67,12 +67,20 @@ class Repeat:
 
     def run(self, out: np.ndarray | None, inp: np.ndarray | None) -> None:
         """The call again, on the caller's thread."""
+        self.go(self.number(out, inp))
+
+    def number(self, out: np.ndarray | None, inp: np.ndarray | None) -> tuple:
+        """The call again, numbered (to run by :meth:`go`, in the order numbered)."""
         g = self.g
         f, seq = self.take(g)
         call = Call(self.kind, g, seq, self.code, 0, FAST_INDEX, self.name, self.root,
                     self.count, self.digest)
-        o = out.reshape(-1) if out is not None else inp[:0]
-        i = inp.reshape(-1) if inp is not None else out[:0]
+        return (call, f, out.reshape(-1) if out is not None else inp[:0],
+                inp.reshape(-1) if inp is not None else out[:0])
+
+    def go(self, job: tuple) -> None:
+        """Run a call numbered by :meth:`number`, on the caller's thread."""
+        call, f, o, i = job
         self.run_rooted(call, f, o, i, self.loop)
 
 
@@ -94,6 +102,26 @@ def gather(door: Any, input: object, output: object, dst: int, group: object) ->
         return False
     r.run(output if r.is_root else None, input)
     return True
+
+
+def numbered(door: Any, kind: str, output: object, input: object, root: int,
+             group: object) -> tuple[Repeat, tuple] | None:
+    """A scatter's or gather's (``kind``) remembered call and this call numbered as it,
+    to run later by ``Repeat.go`` (the torch adapter numbers calls under its lock and
+    runs them outside it); None if this call is not it again. ``output`` and ``input``
+    are the call's own (a scatter's output, a gather's input; the other on the root)."""
+    r = getattr(_local, kind, None)
+    if r is None or r.door is not door:
+        return None
+    if kind == "scatter":
+        inp = input if r.is_root else None
+        if not r.fits(group, root, output, inp):
+            return None
+        return r, r.number(output, inp)
+    out = output if r.is_root else None
+    if not r.fits(group, root, out, input):
+        return None
+    return r, r.number(out, input)
 
 
 def remember(door: Any, p: Prepared, group: object, output: object,

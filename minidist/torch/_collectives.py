@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .. import api as md
+from .. import fast_repeat
 from ..errors import DistTimeoutError
 from ..group import Group
 from ..ops import ReduceOp
@@ -37,7 +38,7 @@ from ._tensors import (
     same_dtype,
     scratch_like,
 )
-from ._work import DONE, Blocking, Done, Work, run_blocking, torch_worded
+from ._work import DONE, Again, Blocking, Done, Work, run_blocking, torch_worded
 
 # point-to-point tags of minidist's internal space (2**31 and up) used by this adapter
 TAG_COLLECTIVE = P2P_TAG_LIMIT + 0x7410  # all_to_all built on messages
@@ -95,12 +96,17 @@ def _futures(*works: Any) -> list:
 
 
 def _issue(item: Any, post: Callable[[], None] | None, result: Any, what: str,
-           blocking: bool) -> Work | Blocking:
+           blocking: bool, again: tuple | None = None) -> Work | Blocking:
     """A Work for a prepared minidist call, submitted now; for a blocking caller's call
     that takes the shared-memory fast path, a :class:`Blocking` that runs it when
-    waited for, on the caller's thread (no hop to minidist's event loop)."""
+    waited for, on the caller's thread (no hop to minidist's event loop). ``again``:
+    (group, output, input) of a scatter or gather, which the fast path then remembers
+    (:mod:`minidist.fast_repeat`)."""
     d = md.door()
     if blocking and isinstance(item, Prepared) and item.fast >= 0:
+        if again is not None:
+            g, out, inp = again
+            post = _chain(post, lambda: fast_repeat.remember(d, item, g, out, inp))
         return Blocking(d, item, post)
     return Work([d.submit(item)], post, result, what)
 
@@ -392,11 +398,18 @@ def gather(t: torch.Tensor, outs: Sequence[torch.Tensor] | None, dst: int,
         views = plain_views(outs, inp)
         if views is not None and len(views) == _size(g):  # plain tensors: numpy views
             arr = np.empty((len(views), inp.size), inp.dtype)
+            again = blocking and fast_repeat.numbered(md.door(), "gather", arr, inp, dst, g)
+            if again:
+                return Again(again, _copy_rows(arr, views))
             item = md.door().plan.prepare_gather(inp, arr, dst, g, None)
-            return _issue(item, _copy_rows(arr, views), [list(outs)], what, blocking)
+            return _issue(item, _copy_rows(arr, views), [list(outs)], what, blocking,
+                          (g, arr, inp))
     elif inp is not None:
+        again = blocking and fast_repeat.numbered(md.door(), "gather", None, inp, dst, g)
+        if again:
+            return Again(again, None)
         item = md.door().plan.prepare_gather(inp, None, dst, g, None)
-        return _issue(item, None, [], what, blocking)
+        return _issue(item, None, [], what, blocking, (g, None, inp))
     _gpu_only(what, t, *(outs or []))
     check_tensor(t, what)
     inp = as_input(t, what)
@@ -423,8 +436,11 @@ def scatter(t: torch.Tensor, ins: Sequence[torch.Tensor] | None, src: int,
             if views is not None and len(views) == _size(g):
                 inp = np.concatenate(views, axis=None)
         if inp is not None or md.get_rank() != src:
-            item = md.door().plan.prepare_scatter(arr.reshape(-1), inp, src, g, None)
-            return _issue(item, None, [t], what, blocking)
+            again = blocking and fast_repeat.numbered(md.door(), "scatter", arr, inp, src, g)
+            if again:
+                return Again(again, None)
+            item = md.door().plan.prepare_scatter(arr, inp, src, g, None)
+            return _issue(item, None, [t], what, blocking, (g, arr, inp))
     _gpu_only(what, t, *(ins or []))
     check_tensor(t, what)
     inp = None
