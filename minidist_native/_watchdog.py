@@ -153,7 +153,8 @@ class Watchdog:
             idle += 1
             _pause(idle, self.max_sleep)
 
-    def _after_fork(self) -> None:
+    def after_fork(self) -> None:
+        """In a forked child: forget the parent's watched items and its lock."""
         self._items = []
         self._cond = threading.Condition()
         self._thread = None
@@ -195,7 +196,7 @@ def _reset_after_fork() -> None:
     global _dog, _dog_lock
     _dog_lock = threading.Lock()
     if _dog is not None:
-        _dog._after_fork()
+        _dog.after_fork()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
