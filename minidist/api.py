@@ -260,27 +260,27 @@ def gather(input: np.ndarray, output: np.ndarray | None = None, dst: int = 0,
            group: GroupArg = None, async_op: bool = False,
            algorithm: str | None = None) -> Work | None:
     """Concatenate every rank's ``input`` into ``output`` on global rank ``dst`` only."""
-    d = _door
-    if not async_op and algorithm is None and fast_repeat.gather(d, input, output, dst, group):
-        return None
-    item = door().plan.prepare_gather(input, output, dst, group, algorithm)
-    if async_op or algorithm is not None:
-        return _run(item, async_op)
-    d = door()
-    d.wait(item)
-    fast_repeat.remember(d, item, group, output, input)
-    return None
+    return _rooted("gather", output, input, dst, group, async_op, algorithm)
 
 
 def scatter(output: np.ndarray, input: np.ndarray | None = None, src: int = 0,
             group: GroupArg = None, async_op: bool = False,
             algorithm: str | None = None) -> Work | None:
     """Give group rank ``i`` block ``i`` of ``input`` (on global rank ``src``) in ``output``."""
-    d = _door
-    if not async_op and algorithm is None and fast_repeat.scatter(d, output, input, src, group):
+    return _rooted("scatter", output, input, src, group, async_op, algorithm)
+
+
+def _rooted(kind: str, output: Any, input: Any, root: int, group: GroupArg, async_op: bool,
+            algorithm: str | None) -> Work | None:
+    """A scatter or gather; a blocking one that repeats the last such call runs planned
+    once (:mod:`minidist.fast_repeat`), and one that took the fast path is remembered."""
+    blocking = not async_op and algorithm is None
+    if blocking and fast_repeat.again(_door, kind, output, input, root, group):
         return None
-    item = door().plan.prepare_scatter(output, input, src, group, algorithm)
-    if async_op or algorithm is not None:
+    plan = door().plan
+    item = plan.prepare_scatter(output, input, root, group, algorithm) if kind == "scatter" \
+        else plan.prepare_gather(input, output, root, group, algorithm)
+    if not blocking:
         return _run(item, async_op)
     d = door()
     d.wait(item)

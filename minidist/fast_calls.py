@@ -111,13 +111,8 @@ class FastCalls:
         call = p.call
         g = call.group
         engine = self.engine
-        deadline = time.monotonic() + self.timeout_of(g)
         turns = self._turn
-        if turns.get(g.id, 0) != p.fast:  # an earlier call on the group is running
-            self._wait_turn(call, p.fast, deadline)
-        hooks = self._hooks
-        if hooks is None or hooks.loop is not loop:
-            hooks = self._hooks = _FastHooks(self, loop)
+        deadline, hooks = self._begin(call, p.fast, loop)
         try:
             refused = engine.refusal(call, consume=False)
             if refused is not None:
@@ -150,6 +145,17 @@ class FastCalls:
                 with self._cond:
                     self._cond.notify_all()
 
+    def _begin(self, call, f: int, loop: asyncio.AbstractEventLoop) -> tuple:
+        """(deadline, hooks) of fast call ``f`` once it is its turn on its group (an
+        earlier call on the group may still run on another thread)."""
+        deadline = time.monotonic() + self.timeout_of(call.group)
+        if self._turn.get(call.group.id, 0) != f:
+            self._wait_turn(call, f, deadline)
+        hooks = self._hooks
+        if hooks is None or hooks.loop is not loop:
+            hooks = self._hooks = _FastHooks(self, loop)
+        return deadline, hooks
+
     def _wait_turn(self, call, f: int, deadline: float) -> None:
         """Until it is fast call ``f``'s turn on its group (DistTimeoutError at the
         deadline)."""
@@ -173,13 +179,8 @@ class FastCalls:
         and error handling, without a :class:`Prepared`."""
         g = call.group
         engine = self.engine
-        deadline = time.monotonic() + self.timeout_of(g)
         turns = self._turn
-        if turns.get(g.id, 0) != f:
-            self._wait_turn(call, f, deadline)
-        hooks = self._hooks
-        if hooks is None or hooks.loop is not loop:
-            hooks = self._hooks = _FastHooks(self, loop)
+        deadline, hooks = self._begin(call, f, loop)
         try:
             refused = engine.refusal(call, consume=False)
             if refused is not None:

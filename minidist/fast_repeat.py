@@ -65,10 +65,6 @@ class Repeat:
                 return False
         return True
 
-    def run(self, out: np.ndarray | None, inp: np.ndarray | None) -> None:
-        """The call again, on the caller's thread."""
-        self.go(self.number(out, inp))
-
     def number(self, out: np.ndarray | None, inp: np.ndarray | None) -> tuple:
         """The call again, numbered (to run by :meth:`go`, in the order numbered)."""
         g = self.g
@@ -84,23 +80,15 @@ class Repeat:
         self.run_rooted(call, f, o, i, self.loop)
 
 
-def scatter(door: Any, output: object, input: object, src: int, group: object) -> bool:
-    """Run a scatter planned once on ``door`` if this one is it again (True)."""
-    r = getattr(_local, "scatter", None)
-    if r is None or r.door is not door or not r.fits(group, src, output,
-                                                      input if r.is_root else None):
+def again(door: Any, kind: str, output: object, input: object, root: int,
+          group: object) -> bool:
+    """Run the remembered ``kind`` call (``"scatter"`` or ``"gather"``) on ``door`` if
+    this one is it again (True); else nothing (False)."""
+    got = numbered(door, kind, output, input, root, group)
+    if got is None:
         return False
-    r.run(output, input if r.is_root else None)
-    return True
-
-
-def gather(door: Any, input: object, output: object, dst: int, group: object) -> bool:
-    """Run a gather planned once on ``door`` if this one is it again (True)."""
-    r = getattr(_local, "gather", None)
-    if r is None or r.door is not door or not r.fits(group, dst,
-                                                      output if r.is_root else None, input):
-        return False
-    r.run(output if r.is_root else None, input)
+    repeat, job = got
+    repeat.go(job)
     return True
 
 

@@ -356,42 +356,26 @@ class Rooted:
     def _wait_numbers(self, parity: int, number: int, deadline: float, hooks: Hooks,
                       call) -> None:
         """Until every rank stored ``number`` into its header of ``parity`` (the
-        receivers of a scatter take their time: yield, then short sleeps)."""
+        receivers of a scatter take their time)."""
         nums = self.numbers[parity]
-        pause = 20e-6
-        start = time.monotonic()
-        reported = False
-        while True:
-            late = [int(r) for r in np.flatnonzero(nums != number)]
-            if not late:
-                return
-            err = hooks.broken(call)
-            if err is None and hooks.anyone_gone():
-                for r in late:
-                    err = hooks.gone(self.group, self.group.ranks[r])
-                    if err is not None:
-                        break
-            if err is not None:
-                raise err
-            now = time.monotonic()
-            if now >= deadline:
-                raise hooks.timed_out(call, [self.group.ranks[r] for r in late])
-            if not reported and now - start >= STALL_REPORT:
-                reported = True
-                hooks.stalled(call)
-            os.sched_yield()
-            time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
+        self._poll(lambda: [int(r) for r in np.flatnonzero(nums != number)],
+                   (deadline, hooks, call))
 
     def _wait_done(self, lf: int, who, waits: tuple) -> None:
         """Until every rank of ``who`` finished call ``lf`` (rare: a root that scatters
-        twice in a row ahead of a slow reader): yield, then short sleeps."""
+        twice in a row ahead of a slow reader)."""
+        self._poll(lambda: [r for r in who if r != self.me and self.dq[r] <= lf], waits)
+
+    def _poll(self, late_ranks, waits: tuple) -> None:
+        """Until ``late_ranks()`` (the group ranks still to get there) is empty: yield,
+        then sleeps of 20 us growing to 1 ms, between which the call's deadline, lost
+        ranks and the group's abort are checked (and the stall reported after 1 s)."""
         deadline, hooks, call = waits
         pause = 20e-6
         start = time.monotonic()
         reported = False
         while True:
-            late = [r for r in who if r != self.me and self.dq[r] <= lf]
+            late = late_ranks()
             if not late:
                 return
             err = hooks.broken(call)
