@@ -313,7 +313,7 @@ class Planner:
             flat, shape = np.frombuffer(array, np.uint8), (len(array),)
         else:
             flat = _flat_in(array, "send", None)
-            shape = np.shape(array)
+            shape = array.shape if type(array) is np.ndarray else np.shape(array)
         tag = _tag(tag, internal)
         return P2P(g, peer, tag, self._number_p2p(g, peer, tag, True), flat,
                    wire.shape_digest(shape) if is_object else self._digest(shape),
