@@ -80,7 +80,8 @@ class Mailbox:
 
     def p2p_waiting(self) -> bool:
         """Whether a point-to-point receive or probe waits here."""
-        return bool(self._any or self._arrivals or any(k[4] for k in list(self._posted)))
+        return bool(self._any or self._arrivals
+                    or self._posted and any(k[4] for k in list(self._posted)))
 
     def expect(self, group: int, seq: int, check: Check) -> Exception | None:
         """Check every frame of collective (group, seq), also those whose receive is not
