@@ -98,9 +98,10 @@ def as_input(t: torch.Tensor, what: str, reduce: bool = False) -> np.ndarray:
     return _numpy(_dense(t), reduce)[0]
 
 
-REMEMBER_BYTES = SLOT_BYTES  # plain_view remembers the last view of a tensor this small
+REMEMBER_BYTES = SLOT_BYTES  # plain_view remembers the last views of tensors this small
 _NO_VIEW = (None, 0, (), (), None, None)
 _last = _NO_VIEW  # (tensor, data_ptr, shape, stride, dtype, its numpy view)
+_prev = _NO_VIEW  # the one before (an RL step alternates two: the action, the observation)
 
 
 def plain_view(t: object) -> np.ndarray | None:
@@ -109,19 +110,21 @@ def plain_view(t: object) -> np.ndarray | None:
     every other kind of tensor itself (another device or layout, a dtype numpy lacks,
     autograd, the conjugate and negative bits), so the common case costs one call.
 
-    The view of the last such tensor of at most REMEMBER_BYTES is remembered and given
-    again (half the cost of ``numpy()``: small calls in a loop on the same tensor) while
-    that tensor still has the same memory address, shape, strides and dtype and does
-    not require grad: the view is then exactly what ``numpy()`` would give. Whatever
-    changed it in place (``set_``, ``resize_``, ``.data =``, ``t_()``,
+    The views of the last two such tensors of at most REMEMBER_BYTES are remembered and
+    given again (half the cost of ``numpy()``: small calls in a loop on the same
+    tensors) while that tensor still has the same memory address, shape, strides and
+    dtype and does not require grad: the view is then exactly what ``numpy()`` would
+    give. Whatever changed it in place (``set_``, ``resize_``, ``.data =``, ``t_()``,
     ``requires_grad_()``) shows in one of these."""
-    global _last
+    global _last, _prev
     if type(t) is not torch.Tensor:
         return None
-    last = _last
-    if (last[0] is t and t.data_ptr() == last[1] and t.shape == last[2]
-            and t.stride() == last[3] and t.dtype is last[4] and not t.requires_grad):
-        return last[5]
+    for seen in (_last, _prev):
+        if seen[0] is t:
+            if (t.data_ptr() == seen[1] and t.shape == seen[2] and t.stride() == seen[3]
+                    and t.dtype is seen[4] and not t.requires_grad):
+                return seen[5]
+            break
     try:
         arr = t.numpy()
     except (TypeError, RuntimeError, NotImplementedError, ValueError):
@@ -129,6 +132,8 @@ def plain_view(t: object) -> np.ndarray | None:
     if not arr.flags.c_contiguous:
         return None
     if arr.nbytes <= REMEMBER_BYTES:
+        if _last[0] is not t:
+            _prev = _last
         _last = (t, t.data_ptr(), t.shape, t.stride(), t.dtype, arr)
     return arr
 
@@ -156,9 +161,9 @@ def plain_views(ts: object, like: np.ndarray) -> list[np.ndarray] | None:
 
 
 def forget_views() -> None:
-    """Drop the remembered view (and so the tensor it holds)."""
-    global _last
-    _last = _NO_VIEW
+    """Drop the remembered views (and so the tensors they hold)."""
+    global _last, _prev
+    _last = _prev = _NO_VIEW
 
 
 def as_output(t: torch.Tensor, what: str, reduce: bool = False) -> tuple[np.ndarray, Post]:

@@ -34,15 +34,20 @@ def _writes_through(t: torch.Tensor) -> None:
     assert np.array_equal(t.numpy(), v)
 
 
-def test_the_last_small_tensor_s_view_is_given_again():
+def test_the_last_two_small_tensors_views_are_given_again():
     t = torch.zeros(4)
     v = plain_view(t)
     assert plain_view(t) is v
     v[2] = 5.0
     assert t[2].item() == 5.0
     other = torch.zeros(4)
-    assert plain_view(other) is not v  # another tensor: its own view
-    assert plain_view(t) is not v  # ... which replaced the remembered one
+    w = plain_view(other)
+    assert w is not v  # another tensor: its own view
+    assert plain_view(t) is v and plain_view(other) is w  # both remembered (a step's two)
+    third = torch.zeros(4)
+    plain_view(third)
+    plain_view(other)
+    assert plain_view(t) is not v  # two others since: t's view was dropped
 
 
 CHANGES = {  # each changes one of what plain_view compares, keeping the rest
@@ -95,7 +100,7 @@ def test_only_small_tensors_are_kept_alive():
     forget_views()
     gc.collect()
     assert ref() is None
-    assert _tensors._last[0] is None
+    assert _tensors._last[0] is None and _tensors._prev[0] is None
 
 
 def test_plain_views_are_the_tensors_memory_in_order():
