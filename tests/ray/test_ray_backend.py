@@ -4,6 +4,9 @@ the driver, several groups per actor, re-created groups, and dead actors."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import os
 import subprocess
 import sys
 import time
@@ -20,6 +23,7 @@ from ray.experimental import internal_kv  # noqa: E402
 
 import minidist  # noqa: E402
 import minidist.ray  # noqa: E402,F401  (registers the backend on the driver)
+from minidist import segments  # noqa: E402
 
 from .actors import Member  # noqa: E402
 
@@ -81,13 +85,30 @@ def members(pool):
 @pytest.fixture
 def doomed(pool):
     """The pool's four actors, for a test that kills some: the pool is restarted for
-    any later test that needs it (none does in this file's order), else just killed."""
+    any later test that needs it (none does in this file's order), else just killed.
+    What the killed actors had in /dev/shm is removed once they are gone (no launcher
+    sweeps after Ray's processes)."""
     actors = pool[0] or _start(4)
     pool[0] = []
+    pids = ray.get([a.pid.remote() for a in actors], timeout=WAIT)
     try:
         yield actors
     finally:
         _kill(actors)
+        _sweep_after(pids)
+
+
+def _sweep_after(pids: list[int]) -> None:
+    """Once processes ``pids`` are gone (10 s at most), remove the shared-memory names
+    they made (minidist names end with their creator's pid)."""
+    end = time.monotonic() + 10
+    while any(segments.alive(p) for p in pids) and time.monotonic() < end:
+        time.sleep(0.05)
+    for pid in pids:
+        if not segments.alive(pid):
+            for path in glob.glob(os.path.join(segments.SHM_DIR, f"minidist-*-{pid}")):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
 
 
 def join(actors, name, ranks=None):
