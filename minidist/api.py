@@ -277,12 +277,11 @@ def _rooted(kind: str, output: Any, input: Any, root: int, group: GroupArg, asyn
     blocking = not async_op and algorithm is None
     if blocking and fast_repeat.again(_door, kind, output, input, root, group):
         return None
-    plan = door().plan
-    item = plan.prepare_scatter(output, input, root, group, algorithm) if kind == "scatter" \
-        else plan.prepare_gather(input, output, root, group, algorithm)
+    d = door()
+    item = d.plan.prepare_scatter(output, input, root, group, algorithm) \
+        if kind == "scatter" else d.plan.prepare_gather(input, output, root, group, algorithm)
     if not blocking:
         return _run(item, async_op)
-    d = door()
     d.wait(item)
     fast_repeat.remember(d, item, group, output, input)
     return None

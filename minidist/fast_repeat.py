@@ -139,8 +139,6 @@ def _shape(a: object) -> tuple | None:
     return a.shape
 
 
-
-
 def remembered(kind: str) -> Repeat | None:
     """This thread's remembered ``"scatter"`` or ``"gather"`` (None: none yet)."""
     return getattr(_local, kind, None)

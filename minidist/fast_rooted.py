@@ -189,11 +189,7 @@ class Rooted:
             self._settle(deadline, hooks, call)  # (a gather's root: once all arrived)
         last = self.last[parity]
         if last is not None:
-            lf, lkind, lroot = last
-            if (self.dq[lroot] <= lf or lkind == ALL_GATHER or lroot == me or (
-                    kind == SCATTER and me == root and lkind == SCATTER)) and not (
-                    kind == SCATTER and lkind == SCATTER and lroot == root != me):
-                self._reuse(last, kind, root, (deadline, hooks, call))
+            self._reuse(last, kind, root, (deadline, hooks, call))
         self.last[parity] = (f, kind, root)
         nb = out.nbytes if kind == SCATTER else src.nbytes
         rows = self.pieces[parity]
@@ -308,6 +304,8 @@ class Rooted:
         lf, lkind, lroot = last
         done = self.dq
         me = self.me
+        if kind == SCATTER and lkind == SCATTER and lroot == root != me:
+            return  # it writes only after the root's release, which came after its settle
         # everyone read everyone's piece, or this rank's header (its root's), or the
         # pieces that this rank, the root of a scatter, overwrites
         everyone = lkind == ALL_GATHER or lroot == me or (
@@ -315,7 +313,7 @@ class Rooted:
         if everyone:
             if (min(done) if self.size <= 64 else int(self.done.min())) > lf:
                 return
-        elif int(done[lroot]) > lf:
+        elif done[lroot] > lf:
             return
         self._wait_done(lf, range(self.size) if everyone else (lroot,), waits)
 
@@ -323,9 +321,11 @@ class Rooted:
         """Before a call of the fast slots: if this rank's last fast call did not wait
         for every rank, wait until they got far enough: a gather it sent to, until that
         gather's root finished it, which it did only once every rank had finished the
-        call before; a scatter (root ``-1`` in ``behind``), until every rank finished it.
-        The slots' reuse argument (:mod:`minidist.fastpath`) counts on every rank that
-        finished call ``f + 1`` knowing that all finished ``f``."""
+        call before; a scatter it received, until its root settled it (see
+        :meth:`_settle`), which it did only once every rank had read it; a scatter it
+        was the root of, until it settled it. The slots' reuse argument
+        (:mod:`minidist.fastpath`) counts on every rank that finished call ``f + 1``
+        knowing that all finished ``f``."""
         if self.pending is not None:
             self._settle(deadline, hooks, call)
         if self.behind is not None:
@@ -351,7 +351,9 @@ class Rooted:
         bad = self._differing(parity, key)
         self.dq[self.me] = f + 1
         if bad >= 0:
-            raise self._mismatch(scattered, bad, parity)
+            raise self._mismatch(scattered, bad, parity, tail=(
+                f"; found at this rank's next call on the group (#{call.seq}), which did "
+                "not run; the scatter's outputs hold the blocks the root sent"))
 
     def _wait_numbers(self, parity: int, number: int, deadline: float, hooks: Hooks,
                       call) -> None:
@@ -452,13 +454,14 @@ class Rooted:
         nums = self.heads[:, parity, 0]
         return [int(r) for r in np.flatnonzero(nums != number) if r != self.me]
 
-    def _mismatch(self, call, r: int, parity: int) -> CollectiveMismatchError:
+    def _mismatch(self, call, r: int, parity: int,
+                  tail: str = "; its output is unchanged") -> CollectiveMismatchError:
         kind, dtype, _op, root, count, _shape, _seq = _SIG.unpack_from(
             self.mem, (r * 2 + parity) * HEADER + 4)
         return mismatch_error(
             self.group, self.me, call, r, NAMES.get(kind, f"kind {kind}"), dtype, count,
             root=self.group.ranks[root] if kind != ALL_GATHER and 0 <= root < self.size
-            else None, tail="; its output is unchanged")
+            else None, tail=tail)
 
 
 class Fast:

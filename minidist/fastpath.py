@@ -261,7 +261,6 @@ def fence() -> None:
 
 
 def _mid_at(size: int) -> int:
-
     return -(-size * 2 * SLOT // 4096) * 4096 + fast_area.area_bytes(size)
 
 

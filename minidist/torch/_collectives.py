@@ -431,11 +431,12 @@ def scatter(t: torch.Tensor, ins: Sequence[torch.Tensor] | None, src: int,
     arr = plain_view(t)
     if arr is not None:  # plain tensors: their numpy views, no copies but the root's
         inp = None
-        if md.get_rank() == src:
+        rooted = md.get_rank() == src
+        if rooted:
             views = plain_views(ins, arr)
             if views is not None and len(views) == _size(g):
                 inp = np.concatenate(views, axis=None)
-        if inp is not None or md.get_rank() != src:
+        if inp is not None or not rooted:
             again = blocking and fast_repeat.numbered(md.door(), "scatter", arr, inp, src, g)
             if again:
                 return Again(again, None)
