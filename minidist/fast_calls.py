@@ -173,10 +173,10 @@ class FastCalls:
                                    collective=call.name, group=g)
 
     def run_rooted(self, call, f: int, out: np.ndarray, src: np.ndarray,
-                   loop: asyncio.AbstractEventLoop) -> None:
+                   loop: asyncio.AbstractEventLoop, key: bytes | None = None) -> None:
         """:meth:`run` for a scatter or gather planned once (:mod:`minidist.fast_repeat`)
         on a group whose segment has its rooted area: the same turn, refusal, deadline
-        and error handling, without a :class:`Prepared`."""
+        and error handling, without a :class:`Prepared` (``key``: its signature)."""
         g = call.group
         engine = self.engine
         turns = self._turn
@@ -185,7 +185,7 @@ class FastCalls:
             refused = engine.refusal(call, consume=False)
             if refused is not None:
                 raise refused
-            self._slots[g.id].rooted.run(f, call, out, src, deadline, hooks)
+            self._slots[g.id].rooted.run(f, call, out, src, deadline, hooks, key)
         except DistError as e:
             loop.call_soon_threadsafe(engine.fast_failed, call, e)
             raise

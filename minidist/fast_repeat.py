@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from .fast_rooted import signature
 from .prepared import FAST_INDEX, Call, Prepared
+from .wire import Kind
 
 _local = threading.local()
 
@@ -31,7 +33,7 @@ class Repeat:
 
     __slots__ = ("door", "group", "g", "root", "kind", "dtype", "out_shape", "in_shape",
                  "code", "count", "digest", "name", "take", "run_rooted", "loop", "planner",
-                 "is_root")
+                 "is_root", "key", "scatter")
 
     def __init__(self, door: Any, p: Prepared, group: object, out_shape: tuple | None,
                  in_shape: tuple | None) -> None:
@@ -46,6 +48,8 @@ class Repeat:
         self.take = door.plan.fast_planner.take
         self.run_rooted = door.fast_calls.run_rooted
         self.loop = door.runtime.loop
+        self.key = signature(call, call.group.rank_of(call.root))
+        self.scatter = call.kind == Kind.SCATTER
 
     def fits(self, group: object, root: int, out: object, inp: object) -> bool:
         """Whether a call with these arguments is this one again."""
@@ -77,19 +81,32 @@ class Repeat:
     def go(self, job: tuple) -> None:
         """Run a call numbered by :meth:`number`, on the caller's thread."""
         call, f, o, i = job
-        self.run_rooted(call, f, o, i, self.loop)
+        self.run_rooted(call, f, o, i, self.loop, self.key)
+
+    def again(self, output: object, input: object, root: int, group: object) -> bool:
+        """Number and run the call (a scatter's or gather's own arrays, as the blocking
+        API takes them) if it is this one again (True); else nothing (False)."""
+        if self.scatter:
+            out, inp = output, input if self.is_root else None
+        else:
+            out, inp = output if self.is_root else None, input
+        if not self.fits(group, root, out, inp):
+            return False
+        g = self.g
+        f, seq = self.take(g)
+        self.run_rooted(Call(self.kind, g, seq, self.code, 0, FAST_INDEX, self.name, self.root,
+                             self.count, self.digest), f,
+                        out.reshape(-1) if out is not None else inp[:0],
+                        inp.reshape(-1) if inp is not None else out[:0], self.loop, self.key)
+        return True
 
 
 def again(door: Any, kind: str, output: object, input: object, root: int,
           group: object) -> bool:
     """Run the remembered ``kind`` call (``"scatter"`` or ``"gather"``) on ``door`` if
     this one is it again (True); else nothing (False)."""
-    got = numbered(door, kind, output, input, root, group)
-    if got is None:
-        return False
-    repeat, job = got
-    repeat.go(job)
-    return True
+    r = getattr(_local, kind, None)
+    return r is not None and r.door is door and r.again(output, input, root, group)
 
 
 def numbered(door: Any, kind: str, output: object, input: object, root: int,

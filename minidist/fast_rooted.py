@@ -113,10 +113,15 @@ CHECK_EVERY = 0.01  # seconds between a waiter's looks at deadlines and lost ran
 _SIG = struct.Struct("<iiiiqIq")  # kind, dtype, op, root (group rank), count, shape, seq
 _KEY = 28  # the bytes of a signature compared: kind .. shape (not seq)
 _KEY_OF = struct.Struct("<iiiiqI")  # those bytes
-_SEQ = struct.Struct("<q")  # then the call's number
+_KEY_SEQ = struct.Struct(f"<{_KEY}sq")  # the compared bytes and the call's number at once
 SCATTER, GATHER, ALL_GATHER = 8, 7, 5  # wire.Kind values
 KINDS = (SCATTER, GATHER, ALL_GATHER)
 NAMES = {SCATTER: "scatter", GATHER: "gather", ALL_GATHER: "all_gather"}
+
+
+def signature(call, root: int) -> bytes:
+    """The bytes of ``call``'s signature that ranks compare (``root``: its group rank)."""
+    return _KEY_OF.pack(call.kind, call.dtype, call.op, root, call.count, call.shape)
 
 
 def area_at(size: int) -> int:
@@ -159,15 +164,16 @@ class Rooted:
         self.patience = Patience()
         self.patience.fit(n)
         self.waits = 0
+        self._layouts: dict[tuple[int, int, int], tuple] = {}  # see _layout
 
     # ------------------------------------------------------------------ a call
 
     def run(self, f: int, call, out: np.ndarray, src: np.ndarray, deadline: float,
-            hooks: Hooks) -> None:
+            hooks: Hooks, key: bytes | None = None) -> None:
         """Run fast call number ``f`` of the group (a scatter, gather or all_gather):
         ``src`` this rank's input (a scatter's: the whole input on the root, nothing
         elsewhere), ``out`` where its result goes (a gather's: the whole output on the
-        root, nothing elsewhere)."""
+        root, nothing elsewhere); ``key``: the call's :func:`signature` if known."""
         gave_up = self.gave_up or getattr(self.slots, "gave_up", None)
         if gave_up is not None:
             raise again(gave_up, f"{call.describe()} on {self.group!r} (call #{call.seq}) "
@@ -175,13 +181,27 @@ class Rooted:
                         "the group ended early on this rank")
         try:
             self.behind = None
-            self._run(f, call, out, src, deadline, hooks)
+            self._run(f, call, out, src, deadline, hooks, key)
         except BaseException as e:  # whatever ends a call early: this rank is done here
             self.gave_up = e
             raise
 
+    def _layout(self, kind: int, root: int, nb: int) -> tuple:
+        """Per parity, where a call of ``kind`` with root ``root`` and ``nb`` bytes per
+        rank reads and writes: (root's header, this rank's header, every rank's piece,
+        this rank's piece); the last few kept (a loop repeats its calls)."""
+        got = self._layouts.get((kind, root, nb))
+        if got is None:
+            if len(self._layouts) >= 16:
+                self._layouts.clear()
+            me = self.me
+            got = self._layouts[(kind, root, nb)] = tuple(
+                ((root * 2 + p) * HEADER, (me * 2 + p) * HEADER, self.pieces[p][:, :nb],
+                 self.pieces[p][me, :nb]) for p in (0, 1))
+        return got
+
     def _run(self, f: int, call, out: np.ndarray, src: np.ndarray, deadline: float,
-             hooks: Hooks) -> None:
+             hooks: Hooks, key: bytes | None = None) -> None:
         n, me, kind = self.size, self.me, call.kind
         parity, number = f & 1, (f + 1) & 0x7FFFFFFF
         root = 0 if kind == ALL_GATHER else self.group.rank_of(call.root)
@@ -192,21 +212,20 @@ class Rooted:
             self._reuse(last, kind, root, (deadline, hooks, call))
         self.last[parity] = (f, kind, root)
         nb = out.nbytes if kind == SCATTER else src.nbytes
-        rows = self.pieces[parity]
-        head = (root * 2 + parity) * HEADER
+        head, at, rows, mine = self._layout(kind, root, nb)[parity]
         hw = head >> 2  # the header's first word
         w, mv = self.w, self.mv
-        key = _KEY_OF.pack(kind, call.dtype, call.op, root, call.count, call.shape)
+        if key is None:
+            key = signature(call, root)
         if me == root:
             if kind == SCATTER:
-                rows[:, :nb] = src.view(np.uint8).reshape(n, nb)
+                rows[:] = src.view(np.uint8).reshape(n, nb)
             elif kind == ALL_GATHER:
-                rows[me, :nb] = src.view(np.uint8)
-            mv[head + 4:head + 4 + _KEY] = key
-            mv[head + 4 + _KEY:head + 4 + _SIG.size] = _SEQ.pack(call.seq)
+                mine[:] = src.view(np.uint8)
+            _KEY_SEQ.pack_into(mv, head + 4, key, call.seq)
             w[hw] = number  # after the pieces and the signature
             if kind == SCATTER:  # nobody to wait for: see _settle
-                out.view(np.uint8)[:] = rows[me, :nb]
+                out.view(np.uint8)[:] = mine
                 self.pending = (f, key, call)
                 self._release(hw, number)
                 return
@@ -225,32 +244,29 @@ class Rooted:
                 raise self._mismatch(call, bad, parity)
             if kind == GATHER:
                 got = out.view(np.uint8).reshape(n, nb)
-                got[:] = rows[:, :nb]
+                got[:] = rows
                 got[me] = src.view(np.uint8)
             else:
                 self._release(hw, number)  # all_gather: everyone copies, this rank too
-                out.view(np.uint8).reshape(n, nb)[:] = rows[:, :nb]
+                out.view(np.uint8).reshape(n, nb)[:] = rows
             self.dq[me] = f + 1  # after the last load of the pieces
             return
-        at = (me * 2 + parity) * HEADER
         if kind == SCATTER:  # the root's release first, then this rank's signature
             if w[hw + RELEASE // 4] != number:
                 self._wait(hw + RELEASE // 4, number, hw + SLEEPING_RELEASE // 4, root,
                            parity, number, deadline, hooks, call)
             differs = mv[head + 4:head + 4 + _KEY] != key
             if not differs:
-                out.view(np.uint8)[:] = rows[me, :nb]
-            mv[at + 4:at + 4 + _KEY] = key
-            mv[at + 4 + _KEY:at + 4 + _SIG.size] = _SEQ.pack(call.seq)
+                out.view(np.uint8)[:] = mine
+            _KEY_SEQ.pack_into(mv, at + 4, key, call.seq)
             w[at >> 2] = number  # after its reads and its signature: for the root's check
             self.dq[me] = f + 1
             self.behind = (f, root)
             if differs:
                 raise self._mismatch(call, root, parity)
             return
-        rows[me, :nb] = src.view(np.uint8)
-        mv[at + 4:at + 4 + _KEY] = key
-        mv[at + 4 + _KEY:at + 4 + _SIG.size] = _SEQ.pack(call.seq)
+        mine[:] = src.view(np.uint8)
+        _KEY_SEQ.pack_into(mv, at + 4, key, call.seq)
         w[at >> 2] = number  # after the piece and the signature
         futex_add(self.base + head + ARRIVED, n - 2)  # the last one wakes the root
         if kind == GATHER:
@@ -267,7 +283,7 @@ class Rooted:
             bad = self._differing(parity, key)
             self._finish(f)
             raise self._mismatch(call, bad if bad >= 0 else root, parity)
-        out.view(np.uint8).reshape(n, nb)[:] = rows[:, :nb]
+        out.view(np.uint8).reshape(n, nb)[:] = rows
         self.dq[me] = f + 1
 
     def _differing(self, parity: int, key: bytes) -> int:
