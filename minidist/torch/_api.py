@@ -66,6 +66,15 @@ def _group(group: Any) -> Group | None | object:
     raise TypeError(f"group must be a group from new_group(), or None, not {group!r}")
 
 
+def _known(group: Any) -> Group | None | object:
+    """:func:`_group` for the calls that repeat one already made (whose rank was a
+    member): None or a minidist Group as it resolves, anything else a marker that no
+    remembered call has."""
+    if group is None:
+        return _state["world"]
+    return group if type(group) is Group else _NOT_MEMBER
+
+
 def _skip(g: Any, what: str) -> bool:
     """True (after torch's warning) when this rank is not in the group."""
     if g is _NOT_MEMBER:
@@ -464,6 +473,9 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor,
 def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
            dst: int | None = None, group: Any = None, async_op: bool = False,
            group_dst: int | None = None) -> Work | None:
+    if not (async_op or gather_list) and group_dst is None and \
+            C.again_sent("gather", tensor, 0 if dst is None else dst, _known(group)):
+        return None
     g = _group(group)
     if _skip(g, "gather"):
         return None
@@ -479,6 +491,9 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
 def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None,
             src: int | None = None, group: Any = None, async_op: bool = False,
             group_src: int | None = None) -> Work | None:
+    if not async_op and scatter_list is None and group_src is None and \
+            C.again_sent("scatter", tensor, 0 if src is None else src, _known(group)):
+        return None
     g = _group(group)
     if _skip(g, "scatter"):
         return None

@@ -389,6 +389,30 @@ def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op: Any,
     return Work(_futures(w), post, [out], what)
 
 
+def again_sent(kind: str, t: object, root: int, g: Group | None) -> bool:
+    """A blocking scatter that this rank receives, or gather that it sends (``kind``),
+    of a plain CPU tensor ``t`` on ``g`` (None: the world), run at once if it repeats
+    this thread's last such call (:mod:`minidist.fast_repeat`): numbered under the lock,
+    run outside it (True); False, with nothing done, for any other call, which then
+    takes the general path. An env worker's step is two such calls."""
+    r = fast_repeat.remembered(kind)
+    if r is None or r.is_root:
+        return False
+    arr = plain_view(t)
+    if arr is None:
+        return False
+    with _order:
+        got = fast_repeat.numbered(r.door, kind, arr if kind == "scatter" else None,
+                                   arr if kind == "gather" else None, root, g)
+    if got is None:
+        return False
+    try:
+        got[0].go(got[1])
+    except DistTimeoutError as e:
+        raise torch_worded(e) from e.__cause__
+    return True
+
+
 @_ordered
 def gather(t: torch.Tensor, outs: Sequence[torch.Tensor] | None, dst: int,
            g: Group | None, blocking: bool = False) -> Work | Blocking:

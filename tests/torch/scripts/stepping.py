@@ -25,6 +25,25 @@ if sys.argv[1] == "torch":
         dist.gather(obs, outs, dst=0)
         if rank == 0:
             assert all(bool((o == step * 100 + r).all()) for r, o in enumerate(outs))
+    # repeated calls on a subgroup rooted at 2, alternating with the world's, with a
+    # fresh output tensor now and then and a rank outside the subgroup
+    sub = dist.new_group([0, 2, 3])
+    for step in range(60):
+        mine = act if step % 7 else torch.zeros(1, dtype=torch.int64)
+        vals = [torch.full((1,), step * 10 + r, dtype=torch.int64) for r in (0, 2, 3)]
+        assert dist.scatter(mine, vals if rank == 2 else None, src=2, group=sub) is None
+        if rank != 1:
+            assert int(mine) == step * 10 + rank, (mine, step, rank)
+        obs.fill_(float(step + rank))
+        if rank != 1:  # the same root on the subgroup, then on the world
+            outs = [torch.zeros(16) for _ in range(3)] if rank == 0 else None
+            dist.gather(obs, outs, dst=0, group=sub)
+            if rank == 0:
+                assert all(bool((o == step + r).all()) for r, o in zip((0, 2, 3), outs))
+        outs = [torch.zeros(16) for _ in range(n)] if rank == 0 else None
+        dist.gather(obs, outs, dst=0)
+        if rank == 0:
+            assert all(bool((o == step + r).all()) for r, o in enumerate(outs))
     # first k: every worker sends 50 rows; the learner takes them 2 at a time
     if rank == 0:
         seen = {r: 0 for r in range(1, n)}
