@@ -278,3 +278,14 @@ class Door:
         forkguard.untrack(self)  # from now on a forked child inherits nothing of it
         await self._session.close(graceful=graceful)
 
+    def leave(self, graceful: bool = True) -> None:
+        """Leave the job from a blocking caller, then stop the loop's thread (nothing for
+        a door on the caller's own loop: :meth:`close` it there)."""
+        runtime = self.runtime
+        if runtime is None:
+            return
+        try:
+            runtime.call(self.close(graceful=graceful))
+        finally:
+            runtime.stop()
+
