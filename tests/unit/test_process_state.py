@@ -174,6 +174,7 @@ async def test_minidist_aio_joins_leaves_and_joins_again():
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_child_forked_from_a_rank_cannot_use_its_job_but_may_join_its_own():
     minidist.init(rank=0, world_size=1, timeout=10)
+    parents = api.door()
     try:
         pid = os.fork()
         if pid == 0:  # the child: exit codes say what went wrong
@@ -181,6 +182,11 @@ def test_a_child_forked_from_a_rank_cannot_use_its_job_but_may_join_its_own():
             try:
                 if STATE.blocking is not None:
                     code = 2
+                try:  # the session's methods the parent's door holds are cut off too
+                    parents._send_now(None, None)
+                    code = code or 7
+                except DistError as e:
+                    code = code or (0 if "forked child" in str(e) else 8)
                 try:
                     minidist.get_rank()
                     code = 3
