@@ -33,28 +33,17 @@ from typing import Any
 
 import numpy as np
 
-from . import api, facade, forkguard, objects, startup
+from . import facade, objects, startup
 from .door import Door, Planned
 from .env import default_timeout, detect
-from .errors import DistError
 from .group import Group
 from .kvstore import AsyncStore
 from .ops import ReduceOp
+from .process_state import STATE
 from .shared_array import DEFAULT_BUFFERS, AsyncSharedArray
 
 GroupArg = Group | object | None
-_door: Door | None = None
-
-
-def _d() -> Door:
-    if _door is None:
-        if forkguard.parent() is not None:
-            raise forkguard.forked_error(forkguard.parent())
-        if api.is_initialized():
-            raise DistError("this process uses the blocking API (minidist.init()); call "
-                            "minidist's functions, not minidist.aio's")
-        raise DistError("minidist.aio is not initialized: await minidist.aio.init() first")
-    return _door
+_d = STATE.aio_door  # this process's door for minidist.aio (DistError if none)
 
 
 class Handle:
@@ -96,36 +85,23 @@ async def init(*, rank: int | None = None, world_size: int | None = None,
                master_addr: str | None = None, master_port: int | None = None,
                timeout: float | None = None) -> None:
     """Join the job on the running loop (arguments as :func:`minidist.init`)."""
-    global _door
-    if _door is not None:
-        raise DistError("minidist.aio is already initialized")
-    if api.is_initialized():
-        raise DistError("this process already uses the blocking API (minidist.init())")
-    cfg = detect(os.environ, rank=rank, world_size=world_size, master_addr=master_addr,
-                 master_port=master_port)
-    session = await startup.join(cfg, float(timeout or default_timeout(os.environ)))
-    _door = Door(session, None)
-    forkguard.joined()
+    async def start() -> Door:
+        cfg = detect(os.environ, rank=rank, world_size=world_size, master_addr=master_addr,
+                     master_port=master_port)
+        return Door(await startup.join(cfg, float(timeout or default_timeout(os.environ))),
+                    None)
+
+    await STATE.join_aio(start)
 
 
 async def destroy() -> None:
     """Leave the job and close every socket; ``init`` may be awaited again."""
-    global _door
-    d, _door = _door, None
-    if d is not None:
-        await d.close()
+    await STATE.leave_aio()
 
 
 def is_initialized() -> bool:
-    return _door is not None
-
-
-def _forget_in_child() -> None:
-    global _door
-    _door = None  # a forked child: not its job (see minidist.forkguard)
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
+    """Whether this process has joined a job through minidist.aio."""
+    return STATE.aio is not None
 
 
 # ---------------------------------------------------------------------- queries and groups

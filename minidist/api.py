@@ -7,48 +7,27 @@ while a call is in flight.
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import os
-import sys
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from . import facade, fast_repeat, forkguard, objects, startup
+from . import facade, fast_repeat, objects, startup
 from .door import Door, Planned
 from .env import default_timeout, detect
-from .errors import DistError
 from .group import Group
 from .kvstore import Store
 from .ops import ReduceOp
+from .process_state import STATE
 from .work import Work
 
 GroupArg = Group | object | None
 
-_lock = threading.Lock()
-_door: Door | None = None
-_crashed = False
-
-
-def door() -> Door:
-    """This process's door (see :mod:`minidist.door`): how layers built on minidist
-    (``minidist.torch``) plan and start calls. DistError if not initialized."""
-    d = _door
-    if d is None:
-        if forkguard.parent() is not None:
-            raise forkguard.forked_error(forkguard.parent())
-        aio = sys.modules.get("minidist.aio")
-        if aio is not None and aio.is_initialized():
-            raise DistError("this process uses minidist.aio (await minidist.aio.init()); "
-                            "await minidist.aio's functions instead of the blocking API")
-        if "minidist.torch" in sys.modules:
-            raise DistError("minidist is not initialized: call init_process_group() (or "
-                            "minidist.init()) first")
-        raise DistError("minidist is not initialized: call minidist.init() first")
-    return d
+door = STATE.door
+"""This process's door (see :mod:`minidist.door`): how layers built on minidist
+(``minidist.torch``) plan and start calls. DistError if not initialized."""
 
 
 # ---------------------------------------------------------------------- lifecycle
@@ -64,72 +43,28 @@ def init(*, rank: int | None = None, world_size: int | None = None,
     rendezvous port. ``timeout`` (seconds; default ``MINIDIST_TIMEOUT`` or 300) bounds
     init and every later call. DistError if already initialized.
     """
-    with _lock:
-        if _door is not None:
-            raise DistError("minidist is already initialized; call minidist.destroy() first")
+    def start() -> Door:
         cfg = detect(os.environ, rank=rank, world_size=world_size, master_addr=master_addr,
                      master_port=master_port)
-        if timeout is None:
-            timeout = default_timeout(os.environ)
-        _install(startup.start(cfg, timeout))
-        forkguard.joined()
+        return startup.start(cfg, default_timeout(os.environ) if timeout is None else timeout)
+
+    STATE.join(start)
 
 
 def attach(d: Door) -> None:
     """Make a door that a layer above started itself (``minidist.torch`` joins from
     torch's store) this process's door, as after :func:`init`."""
-    with _lock:
-        if _door is not None:
-            raise DistError("minidist is already initialized; call minidist.destroy() first")
-        _install(d)
-
-
-def _install(d: Door) -> None:
-    global _door
-    _door = d
-    _install_exit_hooks()
+    STATE.join(lambda: d)
 
 
 def destroy() -> None:
     """Leave the job and release every socket and thread; ``init`` may be called again."""
-    global _door
-    with _lock:
-        d, _door = _door, None
-    if d is None or d.runtime is None:
-        return
-    try:
-        d.runtime.call(d.close(graceful=not _crashed))
-    finally:
-        d.runtime.stop()
-
-
-def _install_exit_hooks() -> None:
-    if getattr(_install_exit_hooks, "done", False):
-        return
-    _install_exit_hooks.done = True  # type: ignore[attr-defined]
-    previous = sys.excepthook
-
-    def excepthook(*args: Any) -> None:
-        global _crashed
-        _crashed = True  # an uncaught error: the others must hear this rank is lost
-        previous(*args)
-
-    sys.excepthook = excepthook
-    atexit.register(destroy)
+    STATE.leave()
 
 
 def is_initialized() -> bool:
-    return _door is not None
-
-
-def _forget_in_child() -> None:
-    # a forked child: the parent's job is not its own (minidist.forkguard cut the door
-    # off); init() may start one afresh. The lock may have been held by another thread.
-    global _door, _lock, _crashed
-    _door, _lock, _crashed = None, threading.Lock(), False
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
+    """Whether this process has joined a job through the blocking API."""
+    return STATE.blocking is not None
 
 
 def get_rank(group: GroupArg = None) -> int:
@@ -275,7 +210,7 @@ def _rooted(kind: str, output: Any, input: Any, root: int, group: GroupArg, asyn
     """A scatter or gather; a blocking one that repeats the last such call runs planned
     once (:mod:`minidist.fast_repeat`), and one that took the fast path is remembered."""
     blocking = not async_op and algorithm is None
-    if blocking and fast_repeat.again(_door, kind, output, input, root, group):
+    if blocking and fast_repeat.again(STATE.blocking, kind, output, input, root, group):
         return None
     d = door()
     item = d.plan.prepare_scatter(output, input, root, group, algorithm) \

@@ -26,7 +26,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from . import first_k, forkguard
-from .errors import DistError, DistTimeoutError
+from .errors import DistError
 from .fast_p2p import NOT_TAKEN
 from .group import NON_GROUP_MEMBER, Group
 from .plan import Planner
@@ -46,6 +46,9 @@ class Door:
         self.runtime = runtime
         self.plan: Planner = session.plan
         self.fast_calls = session.fast_calls  # (minidist.fast_repeat runs calls through it)
+        # the caller's-thread writes, bound once (no call more per message)
+        self._send_first, self._send_now = session.send_first, session.send_now
+        self._send_local, self._recv_local = session.local_messages() or (None, None)
         forkguard.track(self)  # a forked child cannot use it (see minidist.forkguard)
 
     # ------------------------------------------------------------------ who we are
@@ -137,14 +140,15 @@ class Door:
     def _start(self, item: Planned) -> bool:
         """The caller's-thread part; True if that already finished the call (a small
         message written whole)."""
-        s, loop = self._session, self.runtime.loop if self.runtime else None
+        loop = self.runtime.loop if self.runtime else None
         if isinstance(item, Prepared):
             if loop is not None and item.call is not None and item.fast < 0 and \
                     not item.schedule.shared_tmp:
-                item.sent = s.engine.send_first(item.call, item.schedule, item.bufs, loop)
+                item.sent = self._send_first(item.call, item.schedule, item.bufs, loop)
             return False
+        local = self._send_local
         return item.sending and loop is not None and (
-            (s.p2p is not None and s.p2p.send(item, loop)) or s.engine.send_p2p_now(item, loop))
+            (local is not None and local(item, loop)) or self._send_now(item, loop))
 
     def _finish(self, item: Planned) -> Coroutine[Any, Any, Any]:
         """The loop's part."""
@@ -163,8 +167,8 @@ class Door:
             return None
         runtime = self._blocking()
         if isinstance(item, P2P) and not item.sending and item.peer >= 0 and \
-                self._session.p2p is not None:  # from a rank of this node: shared memory
-            got = self._session.p2p.recv(item, runtime.loop)
+                self._recv_local is not None:  # from a rank of this node: shared memory
+            got = self._recv_local(item, runtime.loop)
             if got is not NOT_TAKEN:
                 return got
         return runtime.call(self._finish(item))
@@ -215,8 +219,7 @@ class Door:
         with ``tag`` would take now, without receiving it; with ``wait``, wait for one
         (up to the group's timeout), else None when none has arrived."""
         g, tag = self.plan.check_probe(src, tag, group)
-        return self._session.engine.probe(g, src, tag,
-                                          self._session.timeout_of(g) if wait else None)
+        return self._session.probe(g, src, tag, self._session.timeout_of(g) if wait else None)
 
     async def on_loop(self, item: Planned) -> Any:
         """Run ``item`` from code already on the loop (a call made of calls, such as an
@@ -239,20 +242,20 @@ class Door:
                            group: Group | object | None) -> Group:
         """See :func:`minidist.shrink_group` (on the loop)."""
         g = self.plan.group(group, "shrink_group")
-        return await self._session.elastic.shrink(g, exclude)
+        return await self._session.shrink(g, exclude)
 
     async def agree(self, flag: bool, group: Group | object | None) -> bool:
         """See :func:`minidist.agree` (on the loop)."""
-        return await self._session.elastic.agree(flag, self.plan.group(group, "agree"))
+        return await self._session.agree(flag, self.plan.group(group, "agree"))
 
     async def wait_ranks(self, ranks: list[int], timeout: float | None) -> list[int]:
         """See :func:`minidist.wait_ranks` (on the loop)."""
-        return await self._session.elastic.wait_ranks(ranks, timeout)
+        return await self._session.wait_ranks(ranks, timeout)
 
     @property
     def incarnation(self) -> int:
         """How often this rank was restarted (0: its first process)."""
-        return self._session.elastic.incarnation
+        return self._session.incarnation
 
     # ------------------------------------------------------------------ the store
 
@@ -262,14 +265,7 @@ class Door:
         reply's fields, the value). DistTimeoutError when a wait passes ``timeout``."""
         s = self._session
         timeout = s.timeout if timeout is None else timeout
-        body = {**body, "timeout": timeout}
-        if s.local_store is None:  # the rendezvous serves it
-            reply = await s.client.request(body, blob, timeout + 5)
-            return reply.body, reply.blob
-        try:  # a world of one: this process's own store
-            return await s.local_store.serve(body, blob)
-        except TimeoutError:
-            raise DistTimeoutError(f"store: keys not set within {timeout:g} s") from None
+        return await s.store_request({**body, "timeout": timeout}, blob, timeout)
 
     # ------------------------------------------------------------------ leaving
 
@@ -277,4 +273,15 @@ class Door:
         """Leave the job (on the loop)."""
         forkguard.untrack(self)  # from now on a forked child inherits nothing of it
         await self._session.close(graceful=graceful)
+
+    def leave(self, graceful: bool = True) -> None:
+        """Leave the job from a blocking caller, then stop the loop's thread (nothing for
+        a door on the caller's own loop: :meth:`close` it there)."""
+        runtime = self.runtime
+        if runtime is None:
+            return
+        try:
+            runtime.call(self.close(graceful=graceful))
+        finally:
+            runtime.stop()
 

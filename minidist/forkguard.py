@@ -8,9 +8,10 @@ slot, an ``epoll_ctl`` on the parent's epoll instance, an unlinked segment name.
 
 So, right after a fork, in the child (``os.register_at_fork``):
 
-* every door of the parent is cut off: its session and loop are replaced by stand-ins
-  whose every use raises :class:`DistError` ("minidist was initialised in process P;
-  this is a forked child ..."), as CUDA refuses a forked child;
+* every door of the parent is cut off: its session, its loop and the session's methods
+  it holds are replaced by stand-ins whose every use raises :class:`DistError`
+  ("minidist was initialised in process P; this is a forked child ..."), as CUDA
+  refuses a forked child;
 * the parent's objects (session, loop, sockets, mappings) are kept, never freed, for the
   child's whole life: no finaliser of theirs runs there (a closing event loop would
   unregister the parent's sockets from the epoll instance they share);
@@ -90,6 +91,9 @@ class _Forked:
     def __setattr__(self, name: str, value: Any) -> None:
         raise forked_error(self._pid)
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise forked_error(object.__getattribute__(self, "_pid"))
+
     def __repr__(self) -> str:
         return f"<minidist state of process {self._pid}, unusable in forked child>"
 
@@ -107,6 +111,9 @@ def _after_in_child() -> None:
         inherited.append(d.__dict__.copy())
         session, runtime = d.__dict__.get("_session"), d.__dict__.get("runtime")
         d.__dict__["_session"] = _Forked(pid)
+        for name, value in list(d.__dict__.items()):
+            if isinstance(value, types.MethodType):  # the session's, bound by the door
+                d.__dict__[name] = _Forked(pid)
         if runtime is not None:
             d.__dict__["runtime"] = _Forked(pid)
         inherited.extend(x for x in (session, runtime) if x is not None)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from . import algorithms, calibrate, env, fastpath, ops, peer_memory, segments, 
 from .elastic import Elastic
 from .engine import Engine
 from .env import LaunchConfig
-from .errors import DistError, PeerLostError, RendezvousError
+from .errors import DistError, DistTimeoutError, PeerLostError, RendezvousError
 from .fast_calls import FastCalls
 from .fast_p2p import LINGER, FastP2P
 from .fast_segments import FastSegments
@@ -69,6 +70,9 @@ class Session:
             calibrate.load(), forced)
         self.world = self.plan.world
         self.elastic = Elastic(self)  # shrink, agree, restarted ranks
+        # what the door offers of it, its own methods
+        self.shrink, self.agree = self.elastic.shrink, self.elastic.agree
+        self.wait_ranks = self.elastic.wait_ranks
         if fastpath.available() and segments.available() and env.fast_path_allowed(
                 os.environ) and env.shared_memory_allowed(os.environ):
             self.plan.fast = True
@@ -76,8 +80,12 @@ class Session:
         self.shm = ShmCalls(self)
         self.fast_segments = FastSegments(self)
         self.fast_calls = FastCalls(self, self.fast_segments)
-        # the door's way to a blocking fast call: the fast calls' own method, no call more
+        # the door's ways to a blocking fast call and to the first writes of a call on the
+        # caller's thread: the parts' own methods, no call more (see Engine.send_first,
+        # Engine.send_p2p_now)
         self.fast_blocking = self.fast_calls.blocking
+        self.send_first = self.engine.send_first
+        self.send_now = self.engine.send_p2p_now
         self.p2p: FastP2P | None = None  # small messages on this node through shared memory
 
     # ------------------------------------------------------------------ lifecycle
@@ -184,6 +192,19 @@ class Session:
                 await self.agent.wait_all_left(self.timeout)
             await self.agent.close()
 
+    def local_messages(self) -> tuple[Callable[[P2P, asyncio.AbstractEventLoop], bool],
+                                      Callable[[P2P, asyncio.AbstractEventLoop], Any]] | None:
+        """Once joined: (send, recv) of messages to and from ranks of this node through
+        shared memory, on the caller's thread (:meth:`FastP2P.send`,
+        :meth:`FastP2P.recv`); None when every message goes through the sockets."""
+        p2p = self.p2p
+        return None if p2p is None else (p2p.send, p2p.recv)
+
+    @property
+    def incarnation(self) -> int:
+        """How often this rank was restarted (0: its first process)."""
+        return self.elastic.incarnation
+
     @property
     def nodes(self) -> list[int]:
         """The node index of every rank."""
@@ -212,17 +233,19 @@ class Session:
     async def send(self, p: P2P) -> None:
         await self.engine.send_p2p(p, self.timeout_of(p.group))
 
-    def send_now(self, p: P2P, loop: asyncio.AbstractEventLoop) -> bool:
-        """From the caller's thread: send a small message directly if the connection
-        allows (see :meth:`Engine.send_p2p_now`); False if :meth:`send` must do it."""
-        return self.engine.send_p2p_now(p, loop)
-
     async def recv(self, p: P2P) -> bytes | None:
         """Receive into the prepared array, or return an object's bytes."""
         payload = await self.engine.recv_p2p(p, self.timeout_of(p.group))
         if p.user is not None:
             np.copyto(p.user, p.flat.reshape(p.user.shape))
         return payload
+
+    async def probe(self, g: Group, src: int | None, tag: int,
+                    timeout: float | None) -> int | None:
+        """The sender of the message a receive from ``src`` (None: any rank) with ``tag``
+        would take now, without receiving it; with ``timeout`` None, None if none has
+        arrived, else wait for one (DistTimeoutError after ``timeout`` seconds)."""
+        return await self.engine.probe(g, src, tag, timeout)
 
     def setup_messages(self, g: Group, tag: int):
         """(send, recv) of a shared-memory set-up's messages on ``g`` (bytes, from or to
@@ -236,13 +259,22 @@ class Session:
 
         return send, recv
 
-    # ------------------------------------------------------------------ collectives
+    # ------------------------------------------------------------------ the store
 
-    def send_first(self, p: Prepared, loop: asyncio.AbstractEventLoop) -> None:
-        """From the caller's thread, just before :meth:`execute`: write the call's first
-        small frames directly (see :meth:`Engine.send_first`)."""
-        if p.call is not None and not p.schedule.shared_tmp:
-            p.sent = self.engine.send_first(p.call, p.schedule, p.bufs, loop)
+    async def store_request(self, body: dict[str, Any], blob: bytes,
+                            timeout: float) -> tuple[dict[str, Any], bytes]:
+        """One key/value request (``body`` with its ``timeout``), served by the
+        rendezvous, or in a world of one by this process's own store: (the reply's
+        fields, the value). DistTimeoutError when a wait passes ``timeout``."""
+        if self.local_store is None:
+            reply = await self.client.request(body, blob, timeout + 5)
+            return reply.body, reply.blob
+        try:
+            return await self.local_store.serve(body, blob)
+        except TimeoutError:
+            raise DistTimeoutError(f"store: keys not set within {timeout:g} s") from None
+
+    # ------------------------------------------------------------------ collectives
 
     async def execute(self, p: Prepared) -> None:
         """Run a prepared call to the end (DistError subclasses on failure)."""

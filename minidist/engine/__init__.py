@@ -17,7 +17,6 @@ from ..errors import DistError
 from ..group import Group
 from ..plan import Call
 from ..tracing import Tracer
-from ..transport.endpoint import Endpoint
 from ..transport.mailbox import Mailbox
 from .aborts import Aborts
 from .base import (  # noqa: F401 - what importers of the engine use
@@ -27,13 +26,14 @@ from .base import (  # noqa: F401 - what importers of the engine use
     OBJECT_DTYPE,
     Active,
     Control,
+    Transport,
     tag_name,
 )
 from .p2p import PointToPoint
 from .peers import Peers
 from .runner import Runner
 
-__all__ = ["Engine", "Control", "tag_name", "FLAG_OBJECT", "INTERNAL_TAGS", "LEFT",
+__all__ = ["Engine", "Control", "Transport", "tag_name", "FLAG_OBJECT", "INTERNAL_TAGS", "LEFT",
            "OBJECT_DTYPE"]
 
 
@@ -48,7 +48,7 @@ class Engine(Peers, Aborts, PointToPoint, Runner):
 
     def __init__(self, rank: int, mailbox: Mailbox) -> None:
         self.rank = rank
-        self.endpoint: Endpoint | None = None
+        self.endpoint: Transport | None = None
         self.mailbox = mailbox
         self.client: Control | None = None
         self.entered: dict[int, int] = defaultdict(int)
@@ -73,9 +73,10 @@ class Engine(Peers, Aborts, PointToPoint, Runner):
         # called on the loop before a point-to-point receive or probe waits here
         self.before_receive: Callable[[], None] = lambda: None
 
-    def attach(self, endpoint: Endpoint, control: Control) -> None:
-        """Connect the engine to this rank's endpoint and the job's control plane (a
-        world of one has neither)."""
+    def attach(self, endpoint: Transport, control: Control | None) -> None:
+        """Connect the engine to this rank's transport (its endpoint) and the job's
+        control plane (None: no rendezvous, as for ranks joined in memory; a world of
+        one has neither)."""
         self.endpoint = endpoint
         self.client = control
 

@@ -13,6 +13,7 @@ import numpy as np
 from ..group import Group
 from ..messages import Message, Reply
 from ..plan import Call
+from ..transport.endpoint import Connection
 from ..transport.mailbox import Key
 
 log = logging.getLogger("minidist.engine")
@@ -39,6 +40,26 @@ class Control(Protocol):
 
     async def request(self, msg: Message, blob: bytes = b"",
                       timeout: float = 300.0) -> Reply: ...
+
+
+class Transport(Protocol):
+    """What the engine needs from the transport: this rank's
+    :class:`~minidist.transport.endpoint.Endpoint` (sockets), or a
+    :class:`~minidist.transport.memory.MemoryEndpoint` (ranks of one loop, in memory).
+    Frames that arrive go to the engine's mailbox."""
+
+    async def send(self, dst: int, header: bytes, payload: memoryview | None) -> None:
+        """Send one frame to global rank ``dst``; PeerLostError if it cannot be reached."""
+
+    def connected(self, dst: int) -> Connection | None:
+        """The open connection a frame to ``dst`` may be written on from the caller's
+        thread (:meth:`Connection.send_now`), if there is one."""
+
+    def has_connection(self, rank: int) -> bool:
+        """True while some connection with ``rank`` is open."""
+
+    def forbid(self, rank: int, exc: Exception) -> None:
+        """``rank`` is gone: never reach it again (``exc`` says why)."""
 
 
 def tag_name(tag: int) -> str:

@@ -47,6 +47,7 @@ from ..env import LaunchConfig
 from ..errors import DistError, DistTimeoutError
 from ..group import Group
 from ..kvstore import Store
+from ..process_state import STATE
 
 log = logging.getLogger("minidist.ray")
 
@@ -63,13 +64,13 @@ class Job:
     groups: set[str] = field(default_factory=set)
 
 
-_jobs: list[Job] = []  # in the order this process joined them
-_lock = threading.RLock()
 
 
 def jobs() -> list[Job]:
-    with _lock:
-        return list(_jobs)
+    """The jobs this process belongs to through Ray groups, in the order it joined them
+    (kept in the process's state: :data:`minidist.process_state.STATE`)."""
+    with STATE.lock:
+        return list(STATE.jobs)
 
 
 # ---------------------------------------------------------------------- the store
@@ -132,7 +133,7 @@ def _record(raw: bytes | None) -> dict[str, Any] | None:
 def join(name: str, world_size: int, rank: int, timeout: float) -> tuple[Job, Group | None]:
     """Join Ray group ``name`` as ``rank`` of ``world_size``: (the job, the minidist
     group; None for the job's world)."""
-    with _lock:  # Ray creates the groups of one process one at a time anyway
+    with STATE.lock:  # Ray creates the groups of one process one at a time anyway
         if world_size == 1:
             cfg = LaunchConfig(0, 1, 0, 1, "127.0.0.1", 0, secrets.token_hex(16).encode(),
                                False, "ray")
@@ -141,7 +142,7 @@ def join(name: str, world_size: int, rank: int, timeout: float) -> tuple[Job, Gr
         me = {"nonce": secrets.token_hex(8), "pid": os.getpid(), "node": ctx.get_node_id(),
               "world_size": world_size,
               "ip": ray.util.get_node_ip_address(),
-              "jobs": {j.door.job: j.door.rank for j in _jobs}}
+              "jobs": {j.door.job: j.door.rank for j in STATE.jobs}}
         deadline = _Deadline(timeout, name)
         prefix = _prefix(name)
         if rank == 0:
@@ -224,8 +225,8 @@ def _follow(prefix: str, name: str, world_size: int, rank: int, me: dict[str, An
         deadline.sleep("rank 0 did not publish the group's plan" if answered else
                        "rank 0 did not call init_collective_group", [0])
     if plan["mode"] == "group":
-        job = next((j for j in _jobs if j.door.job == plan["job"]), None)
-        if job is None:  # cannot happen while _lock is held; said plainly if it does
+        job = next((j for j in STATE.jobs if j.door.job == plan["job"]), None)
+        if job is None:  # cannot happen while STATE.lock is held; said plainly if it does
             raise DistError(f"Ray collective group {name!r}: this process left minidist job "
                             f"{plan['job']} while the group was being created")
         return job_group(job, name, plan, timeout)
@@ -249,7 +250,7 @@ def job_group(job: Job, name: str, plan: dict[str, Any],
 def _shared_job(members: list[dict[str, Any]]) -> tuple[Job, list[int]] | None:
     """A job of this process (rank 0's) that every member belongs to, with distinct
     ranks: the first such job this process joined."""
-    for job in _jobs:
+    for job in STATE.jobs:
         ranks = [m["jobs"].get(job.door.job) for m in members]
         if None not in ranks and len(set(ranks)) == len(ranks):
             return job, ranks
@@ -272,8 +273,8 @@ def _layout(members: list[dict[str, Any]]) -> tuple[list[list[Any]], bool]:
 
 
 def _add(job: Job, name: str) -> Job:
-    if job not in _jobs:
-        _jobs.append(job)
+    if job not in STATE.jobs:
+        STATE.jobs.append(job)
     job.groups.add(name)
     return job
 
@@ -294,11 +295,11 @@ def leave(job: Job, name: str) -> None:
     long that takes; destroying the group on this actor does not wait. (If a member
     died, the count never completes: the rendezvous then stays until this process
     ends.)"""
-    with _lock:
+    with STATE.lock:
         job.groups.discard(name)
-        if job.groups or job not in _jobs:
+        if job.groups or job not in STATE.jobs:
             return
-        _jobs.remove(job)
+        STATE.jobs.remove(job)
     if job.hosts:
         threading.Thread(target=_close_when_alone, args=(job.door,), daemon=True,
                          name="minidist-ray-leave").start()
@@ -323,15 +324,10 @@ def _close_when_alone(door: Door) -> None:
 
 
 def _close(door: Door, graceful: bool = True) -> None:
-    runtime = door.runtime
-    if runtime is None:
-        return
     try:
-        runtime.call(door.close(graceful=graceful))
+        door.leave(graceful=graceful)
     except Exception as e:  # noqa: BLE001 - leaving must not raise over the caller's error
         log.warning("minidist.ray: leaving job %s: %s", door.job, e)
-    finally:
-        runtime.stop()
 
 
 @atexit.register
@@ -341,12 +337,13 @@ def _at_exit() -> None:
     process forked from the one that joined (see :mod:`minidist.forkguard`)."""
     if forkguard.parent() is not None:
         return
-    locked = _lock.acquire(timeout=1.0)  # a group being created must not hold us up
+    lock = STATE.lock
+    locked = lock.acquire(timeout=1.0)  # a group being created must not hold us up
     try:
-        left, _jobs[:] = list(_jobs), []
+        left, STATE.jobs[:] = list(STATE.jobs), []
     finally:
         if locked:
-            _lock.release()
+            lock.release()
     threads = [threading.Thread(target=_close, args=(j.door,), daemon=True) for j in left]
     for t in threads:
         t.start()

@@ -26,6 +26,10 @@ MAX_CLASS_LINES = 400
 # The module that defines the control messages (one typed definition each).
 CONTROL_CATALOG = "minidist/messages.py"
 READER = "minidist/transport/reader.py"
+DOOR = "minidist/door.py"
+# what lies behind the session: the door names none of it (the session's methods serve)
+BEHIND_THE_SESSION = ("engine", "client", "local_store", "elastic", "p2p", "endpoint",
+                      "mailbox")
 
 # --- allowlists: what still offends. Shrink only. ----------------------------------------
 
@@ -367,6 +371,18 @@ def header_parsing(source: str, path: str) -> list[str]:
     return out
 
 
+def behind_the_session(source: str, path: str) -> list[str]:
+    """``path:name`` of each name or attribute of ``BEHIND_THE_SESSION`` in ``source``,
+    and ``path:engine`` once if the word appears at all (a docstring, a comment)."""
+    out = [f"{path}:engine"] if "engine" in source else []
+    for node in ast.walk(ast.parse(source)):
+        name = node.attr if isinstance(node, ast.Attribute) else \
+            node.id if isinstance(node, ast.Name) else None
+        if name in BEHIND_THE_SESSION:
+            out.append(f"{path}:{name}")
+    return out
+
+
 # --- the checks ---------------------------------------------------------------------------
 
 SOURCES = _sources()
@@ -397,6 +413,11 @@ def test_control_message_dicts_only_in_the_catalog():
 def test_the_reader_parses_no_frame_header():
     found = header_parsing(SOURCES[READER], READER)
     assert not found, "frame-header parsing in the reader:\n  " + "\n  ".join(found)
+
+
+def test_the_door_talks_only_to_the_session():
+    found = behind_the_session(SOURCES[DOOR], DOOR)
+    assert not found, "the door reaches past the session:\n  " + "\n  ".join(found)
 
 
 # --- the checkers find what they look for -------------------------------------------------
@@ -465,3 +486,14 @@ def test_the_allowlist_check_fails_both_ways():
         _check_allowlist("x", ["a", "a"], ["a"])
     with pytest.raises(AssertionError, match=r"no longer offend.*\n\s+c"):
         _check_allowlist("x", ["a"], ["a", "c"])
+
+
+def test_behind_the_session_finds_names_attributes_and_words():
+    src = ("def f(s):\n"
+           "    s.p2p.send()\n"
+           "    client = s.session_client\n"  # a local of that name counts too
+           "    return client\n")
+    assert sorted(behind_the_session(src, "d.py")) == ["d.py:client", "d.py:client",
+                                                       "d.py:p2p"]
+    assert behind_the_session("x = 1  # the engine\n", "d.py") == ["d.py:engine"]
+    assert behind_the_session("def f(s):\n    return s.send_first\n", "d.py") == []

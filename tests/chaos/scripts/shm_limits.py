@@ -27,6 +27,7 @@ from chaos_common import WrongResult, event, params, result
 import minidist
 from minidist import peer_memory
 from minidist.fastpath import MID_RANKS
+from minidist.process_state import STATE
 
 p = params()
 refuse = p.get("refuse_reads")
@@ -105,7 +106,8 @@ try:
     minidist.barrier()
 except BaseException as e:  # noqa: BLE001 - reported, then the script ends
     err = e
-session = minidist.api._door._session if minidist.api._door is not None else None
+door = STATE.blocking
+session = door._session if door is not None else None
 out: dict[str, int] = dict.fromkeys(("fast", "nofast", "nomid", "segs", "noseg", "reads",
                                      "nop2p"), 0)
 if session is not None:  # what this rank's groups had of shared memory
