@@ -33,13 +33,24 @@ WAIT = 60  # seconds any ray.get may take
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A local Ray cluster for this module, shut down even when a test fails."""
+    """A local Ray cluster for this module, shut down even when a test fails; then the
+    names its processes left in /dev/shm are removed (Ray ends its actors, the example's
+    included, with SIGKILL, and no launcher sweeps after them)."""
+    before = set(_names())
     ray.init(num_cpus=2, address="local", include_dashboard=False,
              job_config=ray.job_config.JobConfig(code_search_path=[str(ROOT)]))
     try:
         yield
     finally:
         ray.shutdown()
+        left = {path: int(path.rsplit("-", 1)[1]) for path in set(_names()) - before}
+        _sweep_after(sorted(set(left.values())))
+
+
+def _names() -> list[str]:
+    """minidist's names in /dev/shm (each ends with its creator's pid)."""
+    return [p for p in glob.glob(os.path.join(segments.SHM_DIR, "minidist-*-*"))
+            if p.rsplit("-", 1)[1].isdigit()]
 
 
 def _start(n: int) -> list:
