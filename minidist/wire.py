@@ -205,6 +205,16 @@ def encode_header(h: Header) -> bytes:
                         h.group, h.seq, h.src, h.root, h.tag, h.shape, h.count, h.nbytes, 0)
 
 
+def encode_p2p(dtype: int, flags: int, group: int, seq: int, src: int, tag: int,
+               shape: int, count: int, nbytes: int) -> bytes:
+    """The 64 bytes of a point-to-point message's header (:func:`encode_header` of
+    ``Header(Kind.P2P, dtype, 0, 0, group, seq, src, -1, tag, shape, count, nbytes,
+    flags)``), without making the Header: a sender makes one per message, and a
+    receiver makes the one it expects, to compare with what arrives."""
+    return _HEADER.pack(_DATA_MAGIC, VERSION, Kind.P2P, dtype, 0, 0, flags, group, seq, src,
+                        -1, tag, shape, count, nbytes, 0)
+
+
 def decode_header(data: bytes | bytearray | memoryview) -> Header:
     """Parse 64 header bytes; ProtocolError for a bad magic, version or kind."""
     (magic, version, kind, dtype, op, algorithm, flags, group, seq, src, root, tag, shape,

@@ -39,12 +39,23 @@ class PointToPoint:
 
     def p2p_frame(self, p) -> tuple[bytes, memoryview | None]:
         """The frame of message ``p``: its header, and its payload (None if empty)."""
-        nbytes = p.flat.nbytes
-        header = wire.encode_header(wire.Header(
-            wire.Kind.P2P, OBJECT_DTYPE if p.is_object else ops.dtype_code(p.flat.dtype), 0,
-            0, p.group.id, p.seq, self.rank, -1, p.tag, p.shape, p.flat.size, nbytes,
-            FLAG_OBJECT if p.is_object else 0))
-        return header, as_bytes(p.flat) if nbytes else None
+        flat = p.flat
+        nbytes = flat.nbytes
+        header = wire.encode_p2p(
+            OBJECT_DTYPE if p.is_object else ops.dtype_code(flat.dtype),
+            FLAG_OBJECT if p.is_object else 0, p.group.id, p.seq, self.rank, p.tag, p.shape,
+            flat.size, nbytes)
+        return header, as_bytes(flat) if nbytes else None
+
+    def expected_header(self, p) -> bytes | None:
+        """The header of the message that receive ``p`` (from a known rank) takes
+        whole, exactly as its sender encodes it, when it fits (None for an object,
+        whose size is any): a message with these 64 bytes needs no other check."""
+        flat = p.flat
+        if flat is None:
+            return None
+        return wire.encode_p2p(ops.dtype_code(flat.dtype), 0, p.group.id, p.seq, p.peer,
+                               p.tag, p.shape, flat.size, flat.nbytes)
 
     async def send_p2p(self, p, timeout: float) -> None:
         """Send one point-to-point message (done once the kernel has taken it)."""

@@ -44,6 +44,20 @@ def test_header_roundtrip(kind, dtype, op, group, seq, src, root, tag, count, nb
     assert wire.decode_header(wire.encode_header(h)) == h
 
 
+@given(dtype=st.integers(0, 255), flags=st.integers(0, 255),
+       group=st.integers(0, 2**64 - 1), seq=st.integers(0, 2**64 - 1),
+       src=st.integers(0, 2**31 - 1), tag=st.integers(0, 2**32 - 1),
+       shape=st.integers(0, 2**32 - 1), count=st.integers(0, 2**64 - 1),
+       nbytes=st.integers(0, 2**64 - 1))
+@settings(max_examples=200, deadline=None)
+def test_a_message_header_is_the_general_header_byte_for_byte(dtype, flags, group, seq, src,
+                                                              tag, shape, count, nbytes):
+    h = wire.Header(wire.Kind.P2P, dtype, 0, 0, group, seq, src, -1, tag, shape, count,
+                    nbytes, flags)
+    assert wire.encode_p2p(dtype, flags, group, seq, src, tag, shape, count, nbytes) == \
+        wire.encode_header(h)
+
+
 @pytest.mark.parametrize("mutate, message", [
     (lambda b: b"XX" + b[2:], "magic"),
     (lambda b: b[:2] + bytes([99]) + b[3:], "version"),
