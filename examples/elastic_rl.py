@@ -66,6 +66,16 @@ def block(g, act: np.ndarray, obs: np.ndarray) -> tuple[bool, minidist.Group | N
         return False, None, False
 
 
+def views(g: minidist.Group) -> list | None:
+    """Every member's view of the group they shrank to (members, epoch, id), on the
+    learner; None elsewhere, or when a member died meanwhile (the next block then fails
+    and they shrink again)."""
+    try:
+        return minidist.gather_object((tuple(g.ranks), g.epoch, g.id), dst=0, group=g)
+    except minidist.PeerLostError:
+        return None
+
+
 def worker() -> None:
     everyone = list(range(minidist.get_world_size()))
     if os.environ.get("MINIDIST_RESTART_COUNT"):  # started again: the learner says when
@@ -83,6 +93,7 @@ def worker() -> None:
         ok, new, stop = block(g, act, obs)
         if not minidist.agree(ok, group=g):
             g = minidist.shrink_group(group=g)
+            views(g)
         elif new is not None:
             g = new
         elif stop:
@@ -98,6 +109,7 @@ class Learner:
         self.killed: dict[int, float] = {}  # rank -> when it was killed (not back yet)
         self.missing: set[int] = set()
         self.kills = self.wrong = self.shrinks = self.steps_redone = 0
+        self.views_checked = self.split_views = 0  # survivors' shrunk groups compared
         self.shrink_ms: list[float] = []
         self.back_ms: list[float] = []
         self.lock = threading.Lock()
@@ -153,6 +165,10 @@ class Learner:
             self.g = minidist.shrink_group(group=self.g)
         self.shrink_ms.append(1000 * (time.monotonic() - t))
         self.shrinks += 1
+        seen = views(self.g)
+        if seen is not None:  # every survivor shrank to the same group
+            self.views_checked += 1
+            self.split_views += sum(v != seen[0] for v in seen)
         self.missing |= set(range(self.n)) - set(self.g.ranks)
         return False
 
@@ -231,6 +247,7 @@ class Learner:
         return {"steps": step, "planned": args.steps, "workers": self.n - 1,
                 "kills": self.kills, "wrong": self.wrong, "shrinks": self.shrinks,
                 "steps_redone": self.steps_redone, "seconds": round(elapsed, 2),
+                "views_checked": self.views_checked, "split_views": self.split_views,
                 "steps_per_s": round(step / elapsed, 1),
                 "shrink_ms_p50": p(self.shrink_ms, "p50"),
                 "shrink_ms_max": p(self.shrink_ms, "max"),

@@ -9,6 +9,8 @@ worker back once it was restarted. Its killer thread SIGKILLs a random worker ev
 ``kill_every`` seconds for ``kill_for`` seconds. The contract:
 
 * the learner completes every step it planned, with 0 wrong observations;
+* after each shrink that no further death interrupted, every survivor's new group has
+  the learner's members, epoch and id (gathered in the job);
 * every killed worker is back in the learner's group by the end (and the final group is
   every rank); the job exits 0 within its limit (0 hangs);
 * no process and no ``/dev/shm`` file of the job is left behind.
@@ -57,6 +59,9 @@ def elastic(rng: random.Random, opts: Options, trial: Trial) -> None:
             trial.flag("other", f"the learner did {s['steps']} of {s['planned']} steps")
         if s["wrong"]:
             trial.flag("wrong", f"{s['wrong']} wrong observations")
+        if s["split_views"] or s["views_checked"] == 0:
+            trial.flag("wrong", f"{s['split_views']} survivors shrank to another group than "
+                       f"the learner's ({s['views_checked']} shrinks compared)")
         if s["not_back"] or s["back"] != s["kills"] or s["final_group"] != list(range(n)):
             trial.flag("other", f"killed workers not back: {s['not_back']} "
                        f"({s['back']} of {s['kills']} back; final group {s['final_group']})")
