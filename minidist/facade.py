@@ -1,7 +1,9 @@
 """The user functions of the collectives whose records carry a front end
-(:class:`minidist.collectives.FrontEnd`): one definition of each one's signature and
-checks, from which the blocking API, :mod:`minidist.aio` and :mod:`minidist.torch` make
-theirs. Pure: no I/O."""
+(:class:`minidist.collectives.FrontEnd`): their definitions (:class:`minidist.calls.Call`)
+for the blocking API and :mod:`minidist.aio`, and :func:`define` for
+:mod:`minidist.torch`. Each is a real function with the signature
+``(array, op=ReduceOp.SUM, group=None, async_op=False, algorithm=None, *, <flag>=False)``,
+compiled once at import (no binding of arguments per call). Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -9,68 +11,66 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from . import collectives
+from . import calls, collectives
 from .collectives import Collective
 from .ops import ReduceOp
 
-_P = inspect.Parameter
 
-
-def signature(rec: Collective, first: str = "array", annotation: Any = "np.ndarray",
-              returns: Any = "Work | None", algorithm: bool = True) -> inspect.Signature:
-    """``(array, op=ReduceOp.SUM, group=None, async_op=False, algorithm=None, <flag>=False)``."""
-    front = rec.front
-    params = [_P(first, _P.POSITIONAL_OR_KEYWORD, annotation=annotation),
-              _P("op", _P.POSITIONAL_OR_KEYWORD, default=ReduceOp.SUM, annotation="ReduceOp"),
-              _P("group", _P.POSITIONAL_OR_KEYWORD, default=None, annotation="Group | None"),
-              _P("async_op", _P.POSITIONAL_OR_KEYWORD, default=False, annotation="bool")]
+def params(rec: Collective, first: str = "array", annotation: str = "np.ndarray",
+           algorithm: bool = True) -> str:
+    """The parameter list of ``rec``'s function, as source text."""
+    text = (f"{first}: {annotation}, op: ReduceOp = ReduceOp.SUM, group: Group | None = None, "
+            "async_op: bool = False")
     if algorithm:
-        params.append(_P("algorithm", _P.POSITIONAL_OR_KEYWORD, default=None,
-                         annotation="str | None"))
-    if front.flag:
-        params.append(_P(front.flag, _P.KEYWORD_ONLY, default=False, annotation="bool"))
-    return inspect.Signature(params, return_annotation=returns)
+        text += ", algorithm: str | None = None"
+    if rec.front.flag:
+        text += f", *, {rec.front.flag}: bool = False"
+    return text
 
 
-def chosen(rec: Collective, flags: dict[str, Any]) -> str:
-    """The collective a call names: ``rec``'s, or its flagged one when the flag is true.
-    TypeError for an unknown keyword (as Python says it)."""
+def chosen(rec: Collective) -> str:
+    """The expression that names the collective a call runs: ``rec``'s, or its flagged
+    one when the flag is true."""
     front = rec.front
-    extra = set(flags) - ({front.flag} if front.flag else set())
-    if extra:
-        raise TypeError(f"{front.function}() got an unexpected keyword argument "
-                        f"{sorted(extra)[0]!r}")
-    if front.flag and flags.get(front.flag):
-        return front.flagged
-    return rec.name
+    if front.flag:
+        return f"{front.flagged!r} if {front.flag} else {rec.name!r}"
+    return repr(rec.name)
+
+
+def definition(rec: Collective) -> calls.Call:
+    """The definition of ``rec``'s function in the blocking API and minidist.aio, planned
+    by the one generic ``Planner.prepare_collective``."""
+    return calls.Call(rec.front.function, params(rec), calls.COLLECTIVE, "{handle} | None",
+                      rec.front.doc,
+                      f"d.plan.prepare_collective({chosen(rec)}, array, op, group, algorithm)",
+                      aio_doc=rec.front.doc)
+
+
+def definitions() -> list[calls.Call]:
+    """The definitions of every collective with a front end."""
+    return [definition(rec) for rec in records()]
 
 
 def define(rec: Collective, body: Callable[..., Any], module: str, *,
            first: str = "array", annotation: Any = "np.ndarray",
            returns: Any = "Work | None", algorithm: bool = True) -> Callable[..., Any]:
-    """The function ``module.<function>`` of ``rec``: it checks its keywords, then calls
-    ``body(name, first, op, group, async_op, algorithm)`` with the collective it names
-    (``body`` may be a coroutine function: then so is the result)."""
-    front = rec.front
-    sig = signature(rec, first, annotation, returns, algorithm)
-
-    def bind(args: tuple, kwargs: dict) -> tuple:
-        bound = sig.bind(*args, **kwargs)
-        bound.apply_defaults()
-        a = bound.arguments
-        name = chosen(rec, {front.flag: a[front.flag]} if front.flag else {})
-        return (name, a[first], a["op"], a["group"], a["async_op"], a.get("algorithm"))
-
-    if inspect.iscoroutinefunction(body):
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            return await body(*bind(args, kwargs))
-    else:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return body(*bind(args, kwargs))
-    call.__name__ = call.__qualname__ = front.function
-    call.__module__ = module
-    call.__doc__ = front.doc
-    call.__signature__ = sig  # type: ignore[attr-defined]
+    """The function ``module.<function>`` of ``rec``: it calls ``body(name, first, op,
+    group, async_op, algorithm)`` with the collective it names (``body`` may be a
+    coroutine function: then so is the result)."""
+    is_async = inspect.iscoroutinefunction(body)
+    head = "async def" if is_async else "def"
+    wait = "await " if is_async else ""
+    algo = "algorithm" if algorithm else "None"
+    source = (f"from __future__ import annotations\n"
+              f"{head} {rec.front.function}({params(rec, first, annotation, algorithm)}) "
+              f"-> {returns}:\n"
+              f"    return {wait}body({chosen(rec)}, {first}, op, group, async_op, {algo})\n")
+    namespace: dict[str, Any] = {"body": body, "ReduceOp": ReduceOp, "__name__": module}
+    made: dict[str, Any] = {}
+    exec(compile(source, f"<{module}.{rec.front.function}>", "exec", dont_inherit=True),  # noqa: S102
+         namespace, made)
+    call = made[rec.front.function]
+    call.__doc__ = rec.front.doc
     return call
 
 
