@@ -15,6 +15,8 @@ import minidist
 import minidist.aio as aio
 from minidist import api, calls, elastic_api, facade
 
+from . import stubs
+
 DEFINITIONS = {**calls.CALLS, **{c.name: c for c in facade.definitions()}}
 HANDLES = {"api": "Work", "aio": "Handle"}
 
@@ -122,3 +124,13 @@ def test_a_blocking_call_is_one_python_call_deep(monkeypatch):
         sys.setprofile(None)
     assert seen == ["all_reduce", "<lambda>", "prepare_all_reduce", "wait",
                     "send", "<lambda>", "prepare_send", "wait"]
+
+
+@pytest.mark.parametrize("name", sorted(stubs.MODULES))
+def test_the_type_stubs_declare_the_made_functions(name):
+    """Type checkers read minidist/{api,aio,elastic_api}.pyi: they must be what the
+    module and the definitions give (rewrite them with `python -m tests.unit.stubs`)."""
+    written = stubs.path(name).read_text()
+    assert written == stubs.stub(name), f"{stubs.path(name)} is stale: python -m tests.unit.stubs"
+    for fn in ("all_reduce", "recv", "scan") if name != "minidist.elastic_api" else ("agree",):
+        assert f"def {fn}(" in written
