@@ -138,6 +138,7 @@ def {name}({params}) -> {returns}:
     return {plan}
 ''',
 }
+SHAPES[calls.SEND] = SHAPES[calls.FINISH]  # an asyncio send is planned every time
 SHAPES[calls.ROOTED] = SHAPES[calls.COLLECTIVE]
 """How an asyncio call runs, by shape (:mod:`minidist.calls`): collectives and messages
 are coroutines, ``isend``/``irecv`` and queries plain functions."""

@@ -35,6 +35,7 @@ class Handle:
     def __repr__(self) -> str:
         ...
 SHAPES: dict[str, str]
+SHAPES[calls.SEND] = SHAPES[calls.FINISH]
 SHAPES[calls.ROOTED] = SHAPES[calls.COLLECTIVE]
 
 async def _received(d: Door, item: Any) -> int:

@@ -29,7 +29,8 @@ from typing import Any
 COLLECTIVE = "collective"  # async_op: a handle of the call in flight, else done
 ROOTED = "rooted"  # a collective; the blocking one repeats the last scatter/gather fast
 START = "start"  # a handle of the call in flight (isend)
-FINISH = "finish"  # done, nothing returned (send)
+FINISH = "finish"  # done, nothing returned (send_object)
+SEND = "send"  # FINISH; a blocking send like the last one to its rank is not planned again
 START_RECV = "start_recv"  # a handle that knows the sender (irecv)
 RECV = "recv"  # done, the sender's global rank returned
 MANY = "many"  # recv_many: the senders, or with async_op a handle that gives them
@@ -249,7 +250,7 @@ CALLS: dict[str, Call] = {c.name: c for c in (
     """, "d.plan.prepare_send(array, dst, tag, group)",
          aio_doc="Start sending ``array`` to global rank ``dst``; await the handle for "
                  "completion."),
-    Call("send", f"array: np.ndarray, dst: int, {_MESSAGE}", FINISH, "None",
+    Call("send", f"array: np.ndarray, dst: int, {_MESSAGE}", SEND, "None",
          "Blocking :func:`isend`.", "d.plan.prepare_send(array, dst, tag, group)"),
     Call("irecv", f"array: np.ndarray, src: int | None = None, {_MESSAGE}", START_RECV,
          "{handle}",

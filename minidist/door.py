@@ -48,7 +48,8 @@ class Door:
         self.fast_calls = session.fast_calls  # (minidist.fast_repeat runs calls through it)
         # the caller's-thread writes, bound once (no call more per message)
         self._send_first, self._send_now = session.send_first, session.send_now
-        self._send_local, self._recv_local = session.local_messages() or (None, None)
+        self._send_local, self._recv_local, self._send_again = \
+            session.local_messages() or (None, None, None)
         forkguard.track(self)  # a forked child cannot use it (see minidist.forkguard)
 
     # ------------------------------------------------------------------ who we are
@@ -172,6 +173,20 @@ class Door:
             if got is not NOT_TAKEN:
                 return got
         return runtime.call(self._finish(item))
+
+    def send_again(self, array: Any, dst: int, tag: int, group: Any) -> bool:
+        """A blocking send like the last one to ``dst`` with ``tag`` (the same group,
+        dtype and shape), to a rank of this node: on its way without planning it again
+        (True, see :meth:`FastP2P.send_again`); False: plan it (nothing was done)."""
+        again = self._send_again
+        if again is None or self.runtime is None:
+            return False
+        got = again(array, dst, tag, group, self.runtime.loop)
+        if got is None:
+            return False
+        if got is not True:  # numbered, but its receiver's ring took nothing
+            self.wait(got)
+        return True
 
     def submit(self, item: Planned) -> concurrent.futures.Future:
         """Start ``item``; the future completes with it (a Work's handle)."""

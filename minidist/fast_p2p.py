@@ -40,6 +40,7 @@ import numpy as np
 from . import wire
 from .engine import tag_name
 from .errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError
+from .fast_routes import Routes
 from .fastpath import SLICE, Patience
 from .group import Group
 from .inbox import MESSAGE_BYTES, Inbox, Outbox, Stash
@@ -81,7 +82,9 @@ class FastP2P:
         self._patience = Patience(SPIN_P2P)
         self._patience.fit(len(self.local))
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.sent = self.received = 0  # messages that went through shared memory
+        self.routes = Routes(session, self._send_lock, self._outboxes, self._ring_doorbell)
+        self.send_again = self.routes.send_again
+        self._sent = self.received = 0  # messages that went through shared memory
         self.stashed = 0  # ... of them sent through this rank's stash
         self.dropped: dict[tuple, int] = {}  # messages lost with their sender's stash
         self._waits = 0
@@ -90,12 +93,18 @@ class FastP2P:
         mb.on_p2p_news = self._news
         self.engine.before_receive = self.close_and_drain
 
+    @property
+    def sent(self) -> int:
+        """Messages this rank sent through shared memory."""
+        return self._sent + self.routes.sent
+
     def close(self) -> None:
         """Forget every mapping and remove this rank's inbox (its name included)."""
         with self._send_lock:
             for out in self._outboxes.values():
                 out.close()
             self._outboxes.clear()
+            self.routes.clear()
             if self.stash is not None:
                 self.stash.close()
                 self.stash = None
@@ -159,9 +168,11 @@ class FastP2P:
                 done = self._put_large(out, header, p.flat, dst)
         if done == 0:
             return False
-        self.sent += 1
+        self._sent += 1
         if done == 2:
             self._ring_doorbell(p.group, p.peer, loop)
+        if not p.is_object and p.flat.nbytes <= MESSAGE_BYTES:
+            self.routes.went(p)
         return True
 
     def _put_large(self, out: Outbox, header: bytes, flat: np.ndarray, dst: int) -> int:
@@ -411,6 +422,7 @@ class FastP2P:
             if out is not None:
                 out.close()
             self._retry.pop(rank, None)
+            self.routes.forget(rank)
         self.drain_on_loop()
         self.ring_of.pop(rank, None)
 

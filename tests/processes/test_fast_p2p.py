@@ -29,6 +29,16 @@ def test_messages_are_exact_whichever_way_they_go(seed):
     assert "FAST P2P OK" in job.out
 
 
+def test_sends_like_the_last_one_stay_exact_on_every_group_tag_and_way():
+    """Sends planned once (minidist.fast_p2p's send_again) beside planned ones: another
+    group with the same receiver and tag, other dtypes and shapes, strided arrays,
+    objects, receives in another order, and an inbox closed by a receive on the loop."""
+    with Job(3, SCRIPTS / "repeat_sends.py") as job:
+        rc = job.wait(100)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    assert "REPEAT SENDS OK" in job.out
+
+
 def test_a_killed_sender_fails_the_waiting_receive_within_seconds():
     with Job(2, SCRIPTS / "fast_p2p_fail.py", "kill") as job:
         job.wait(90)

@@ -1,0 +1,127 @@
+"""Blocking sends like the last one, planned once: an RL learner sends the same kind of
+small message (an action) to the same env workers on every step, and planning and
+checking it again each time was most of what a send through an inbox
+(:mod:`minidist.fast_p2p`) cost.
+
+After a message went through its receiver's ring, :class:`Routes` remembers its kind
+(group, dtype, size and shape digest) by receiver and tag. The next blocking send there
+with an array of that kind is remembered as a :class:`Route`; from then on a send to
+that receiver and tag with a C-contiguous numpy array of the same group, dtype and shape
+is numbered and encoded at once and written into the ring, with the same numbers and
+header bytes the planner and the engine would have given it. Anything else takes the
+general path, which checks and says what is wrong. A message that the ring does not
+take (full, or the inbox closed) goes on through the general path with the number it
+got, as any message does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import wire
+from .group import Group
+from .inbox import Outbox
+from .ops import dtype_code
+from .plan import P2P
+
+ROUTES = 1024  # remembered kinds and routes (by receiver and tag) before they are dropped
+
+
+class Route:
+    """The kind of message this rank sends to one rank with one tag: its group, dtype,
+    shape and shape digest, and the receiver's inbox it is written into."""
+
+    __slots__ = ("group", "dtype", "dtype_code", "shape", "digest", "out")
+
+    def __init__(self, group: Group, dtype: np.dtype, shape: tuple, digest: int,
+                 out: Outbox) -> None:
+        self.group, self.dtype, self.shape, self.digest, self.out = \
+            group, dtype, shape, digest, out
+        self.dtype_code = dtype_code(dtype)
+
+
+class Routes:
+    """One rank's remembered sends. ``lock`` and ``outboxes`` are the inboxes' writers'
+    (:class:`minidist.fast_p2p.FastP2P`'s send lock and mapped inboxes by receiver);
+    ``doorbell(group, dst, loop)`` tells a receiver whose inbox closed to look."""
+
+    def __init__(self, session: Any, lock: threading.Lock, outboxes: dict[int, Outbox],
+                 doorbell: Callable[[Group, int, asyncio.AbstractEventLoop], None]) -> None:
+        self.plan = session.plan
+        self.engine = session.engine
+        self.rank = session.rank
+        self.lock, self.outboxes, self.doorbell = lock, outboxes, doorbell
+        self.routes: dict[tuple[int, int], Route] = {}
+        self.kinds: dict[tuple[int, int], tuple] = {}  # the last message's, by (dst, tag)
+        self.sent = 0  # messages sent by a route
+
+    def went(self, p: P2P) -> None:
+        """Message ``p`` (an array, planned and checked) went through its receiver's
+        ring: remember its kind."""
+        kinds = self.kinds
+        if len(kinds) >= ROUTES:
+            kinds.clear()
+        kinds[(p.peer, p.tag)] = (p.group, p.flat.dtype, p.flat.size, p.shape)
+
+    def forget(self, rank: int) -> None:
+        """Under the lock: ``rank`` is a new process (its inbox is another)."""
+        for table in (self.routes, self.kinds):
+            for key in [k for k in table if k[0] == rank]:
+                del table[key]
+
+    def clear(self) -> None:
+        self.routes.clear()
+        self.kinds.clear()
+
+    def send_again(self, array: object, dst: int, tag: int, group: object,
+                   loop: asyncio.AbstractEventLoop) -> bool | P2P | None:
+        """From the caller's thread: a blocking send of ``array`` to ``dst`` with ``tag``
+        on ``group`` (None: the default group) by its route. True once it is written;
+        the message numbered (a :class:`P2P`) if the ring took nothing (it then goes as
+        any message does); None if it has no route (nothing was done: the general path
+        plans it, and the next one of its kind takes the route)."""
+        r = self.routes.get((dst, tag))
+        g = self.plan.default if group is None else group
+        if r is None:
+            self._learn(array, dst, tag, g)
+            return None
+        if g is not r.group or type(array) is not np.ndarray or array.dtype is not r.dtype \
+                or array.shape != r.shape or not array.flags.c_contiguous:
+            return None
+        e = self.engine
+        if dst in e.lost or dst in e.left or e.rendezvous_lost is not None:
+            return None  # the general path says why
+        with self.lock:
+            if self.outboxes.get(dst) is not r.out:  # forgotten meanwhile
+                return None
+            seq = e.next_p2p_seq(g, dst, tag, True)
+            done = r.out.put(wire.encode_p2p(r.dtype_code, 0, g.id, seq, self.rank, tag,
+                                             r.digest, array.size, array.nbytes), array)
+        if done == 0:
+            return P2P(g, dst, tag, seq, array.reshape(-1), r.digest, False, sending=True)
+        self.sent += 1
+        if done == 2:
+            self.doorbell(g, dst, loop)
+        return True
+
+    def _learn(self, array: object, dst: int, tag: int, g: object) -> None:
+        """A route to ``dst`` with ``tag`` if ``array`` is of the kind of the last
+        message that went there through its ring."""
+        last = self.kinds.get((dst, tag))
+        if last is None or type(array) is not np.ndarray or not array.flags.c_contiguous:
+            return
+        group, dtype, size, digest = last
+        if group is not g or array.dtype != dtype or array.size != size or \
+                wire.shape_digest(array.shape) != digest:
+            return
+        out = self.outboxes.get(dst)
+        if out is None:
+            return
+        if len(self.routes) >= ROUTES:
+            self.routes.clear()
+        self.routes[(dst, tag)] = Route(g, array.dtype, array.shape, digest, out)
