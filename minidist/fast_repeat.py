@@ -92,12 +92,7 @@ class Repeat:
             out, inp = output if self.is_root else None, input
         if not self.fits(group, root, out, inp):
             return False
-        g = self.g
-        f, seq = self.take(g)
-        self.run_rooted(Call(self.kind, g, seq, self.code, 0, FAST_INDEX, self.name, self.root,
-                             self.count, self.digest), f,
-                        out.reshape(-1) if out is not None else inp[:0],
-                        inp.reshape(-1) if inp is not None else out[:0], self.loop, self.key)
+        self.go(self.number(out, inp))
         return True
 
 

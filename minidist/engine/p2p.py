@@ -39,23 +39,14 @@ class PointToPoint:
 
     def p2p_frame(self, p) -> tuple[bytes, memoryview | None]:
         """The frame of message ``p``: its header, and its payload (None if empty)."""
-        flat = p.flat
-        nbytes = flat.nbytes
-        header = wire.encode_p2p(
-            OBJECT_DTYPE if p.is_object else ops.dtype_code(flat.dtype),
-            FLAG_OBJECT if p.is_object else 0, p.group.id, p.seq, self.rank, p.tag, p.shape,
-            flat.size, nbytes)
-        return header, as_bytes(flat) if nbytes else None
+        nbytes = p.flat.nbytes
+        return _header(p, self.rank), as_bytes(p.flat) if nbytes else None
 
     def expected_header(self, p) -> bytes | None:
         """The header of the message that receive ``p`` (from a known rank) takes
         whole, exactly as its sender encodes it, when it fits (None for an object,
         whose size is any): a message with these 64 bytes needs no other check."""
-        flat = p.flat
-        if flat is None:
-            return None
-        return wire.encode_p2p(ops.dtype_code(flat.dtype), 0, p.group.id, p.seq, p.peer,
-                               p.tag, p.shape, flat.size, flat.nbytes)
+        return None if p.flat is None else _header(p, p.peer)
 
     async def send_p2p(self, p, timeout: float) -> None:
         """Send one point-to-point message (done once the kernel has taken it)."""
@@ -201,3 +192,11 @@ class PointToPoint:
                 f"recv from any rank on {a.group!r}: every other rank of the group is gone",
                 ranks=others, collective="recv", group=a.group,
                 left=not any(r in self.lost for r in others)))
+
+
+def _header(p, src: int) -> bytes:
+    """The header that global rank ``src`` sends message ``p`` with."""
+    flat = p.flat
+    return wire.encode_p2p(OBJECT_DTYPE if p.is_object else ops.dtype_code(flat.dtype),
+                           FLAG_OBJECT if p.is_object else 0, p.group.id, p.seq, src, p.tag,
+                           p.shape, flat.size, flat.nbytes)

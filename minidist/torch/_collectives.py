@@ -406,10 +406,7 @@ def again_sent(kind: str, t: object, root: int, g: Group | None) -> bool:
                                    arr if kind == "gather" else None, root, g)
     if got is None:
         return False
-    try:
-        got[0].go(got[1])
-    except DistTimeoutError as e:
-        raise torch_worded(e) from e.__cause__
+    Again(got, None).wait()
     return True
 
 
