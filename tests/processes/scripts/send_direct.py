@@ -16,6 +16,9 @@ if rank == 0:
     # too large for the inbox and for the stash: opens the connection
     minidist.send(np.arange(2_100_000.0), 1)
     minidist.send_object({"hello": 1}, 1)
+    # the receiver has read them: the socket has room again (a busy machine could leave
+    # the large message's tail in it, and a send that finds no room rightly waits)
+    assert minidist.recv_object(1, tag=6) == "read"
     released = threading.Event()
     outcome = []
     # hold the loop thread until the sends below have returned (or 20 s pass)
@@ -32,6 +35,7 @@ else:
     minidist.recv(a, 0)
     assert (a == np.arange(2_100_000.0)).all()
     assert minidist.recv_object(0) == {"hello": 1}
+    minidist.send_object("read", 0, tag=6)
     for i in range(50):
         b = np.zeros(8)
         minidist.recv(b, 0, tag=7)
