@@ -48,8 +48,8 @@ class Door:
         self.fast_calls = session.fast_calls  # (minidist.fast_repeat runs calls through it)
         # the caller's-thread writes, bound once (no call more per message)
         self._send_first, self._send_now = session.send_first, session.send_now
-        self._send_local, self._recv_local, self._send_again = \
-            session.local_messages() or (None, None, None)
+        self._send_local, self._recv_local, self._send_again, self._recv_again = \
+            session.local_messages() or (None, None, None, None)
         forkguard.track(self)  # a forked child cannot use it (see minidist.forkguard)
 
     # ------------------------------------------------------------------ who we are
@@ -187,6 +187,16 @@ class Door:
         if got is not True:  # numbered, but its receiver's ring took nothing
             self.wait(got)
         return True
+
+    def recv_again(self, array: Any, src: int, tag: int, group: Any) -> bool:
+        """A blocking receive from ``src`` with ``tag`` like the last one from there
+        (the same group, dtype and shape), from a rank of this node: taken without
+        planning it again (True, see :meth:`minidist.fast_takes.Takes.recv_again`);
+        False: plan it (nothing was done)."""
+        again = self._recv_again
+        if again is None or self.runtime is None:
+            return False
+        return again(array, src, tag, group, self.runtime.loop)
 
     def submit(self, item: Planned) -> concurrent.futures.Future:
         """Start ``item``; the future completes with it (a Work's handle)."""

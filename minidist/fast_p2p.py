@@ -41,6 +41,7 @@ from . import wire
 from .engine import tag_name
 from .errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError
 from .fast_routes import Routes
+from .fast_takes import Takes
 from .fastpath import SLICE, Patience
 from .group import Group
 from .inbox import MESSAGE_BYTES, Inbox, Outbox, Stash
@@ -84,6 +85,8 @@ class FastP2P:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.routes = Routes(session, self._send_lock, self._outboxes, self._ring_doorbell)
         self.send_again = self.routes.send_again
+        self.takes = Takes(self)
+        self.recv_again = self.takes.recv_again
         self._sent = self.received = 0  # messages that went through shared memory
         self.stashed = 0  # ... of them sent through this rank's stash
         self.dropped: dict[tuple, int] = {}  # messages lost with their sender's stash
@@ -105,6 +108,7 @@ class FastP2P:
                 out.close()
             self._outboxes.clear()
             self.routes.clear()
+            self.takes.clear()
             if self.stash is not None:
                 self.stash.close()
                 self.stash = None
@@ -287,6 +291,16 @@ class FastP2P:
             if inbox.bell() == seen and not inbox.waiting(ring) and key not in early:
                 inbox.sleep(seen, min(SLICE, deadline - now))
 
+    def receive_numbered(self, p: P2P, inbox: Inbox, src: int):
+        """In the inbox: receive ``p``, already numbered, from ``src`` (as :meth:`recv`
+        does once in the inbox)."""
+        return self._recv(p, inbox, src)
+
+    def sleeps_at_once(self) -> bool:
+        """Whether a receiver here sleeps without spinning or yielding first (the
+        node's ranks crowd its cores)."""
+        return self._patience.full == (0.0, 0.0)
+
     def _wait_briefly(self, inbox: Inbox, ring: int, seen: int, now: float) -> bool:
         """Spin or yield until ring ``ring`` or the bell changes (True), with the patience
         of the fast path's waits (:class:`minidist.fastpath.Patience`)."""
@@ -365,6 +379,8 @@ class FastP2P:
             p.source = p.peer
             if p.user is not None:
                 np.copyto(p.user, p.flat.reshape(p.user.shape))
+            else:
+                self.takes.went(p)
             return None
         err = self.engine.p2p_check(p, h)
         if err is None and p.flat is not None and len(payload) != p.flat.nbytes:
@@ -423,6 +439,7 @@ class FastP2P:
                 out.close()
             self._retry.pop(rank, None)
             self.routes.forget(rank)
+            self.takes.forget(rank)
         self.drain_on_loop()
         self.ring_of.pop(rank, None)
 

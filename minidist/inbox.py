@@ -186,12 +186,21 @@ class Inbox:
         at = np.arange(rings) * RING + HEADER
         self._heads = (at + _HEAD) // 4
         self._tails = (at + _TAIL) // 4
+        self.mv = memoryview(self.mem)  # the segment's bytes and int32 words, read as
+        self.ints = self.mv.cast("i")  # plain ints (cheaper than numpy's scalars)
+
+    def ring_words(self, ring: int) -> tuple[int, int]:
+        """The int32 words (indices into :attr:`ints`) that hold ring ``ring``'s head
+        (records taken) and tail (records written)."""
+        return int(self._heads[ring]), int(self._tails[ring])
 
     def close(self) -> None:
         """Close the inbox to senders, remove its name and unmap it (and the stashes)."""
         self.words[_OPEN // 4] = 0
         segments.unlink(self.name)
-        self.words = self.mem = None
+        self.ints.release()
+        self.mv.release()
+        self.words = self.mem = self.ints = self.mv = None
         self._stashes.clear()
         with contextlib.suppress(BufferError):
             self.seg.close()
@@ -306,6 +315,8 @@ class Outbox:
         self.seg = seg
         self.mem = np.frombuffer(seg, np.uint8)
         self.words = self.mem.view(np.int32)
+        self.mv = memoryview(self.mem)  # bytes and int32 words as plain ints (see Inbox)
+        self.ints = self.mv.cast("i")
         self.base = self.mem.ctypes.data
         at = HEADER + ring * RING
         self._at = at + 64
@@ -334,7 +345,9 @@ class Outbox:
         return None
 
     def close(self) -> None:
-        self.words = self.mem = None
+        self.ints.release()
+        self.mv.release()
+        self.words = self.mem = self.ints = self.mv = None
         with contextlib.suppress(BufferError):
             self.seg.close()
 
@@ -349,17 +362,19 @@ class Outbox:
         """Write one record: 0 if it was not written (the inbox is closed or the ring
         full), 1 if written, 2 if written but the inbox closed meanwhile (the reader may
         not look again: ring its doorbell)."""
-        w = self.words
+        w = self.ints
         if not w[_OPEN // 4]:
             return 0
-        tail = int(w[self._tail])
-        if (tail - int(w[self._head])) & _WRAP >= RING_SLOTS:
+        tail = w[self._tail]
+        if (tail - w[self._head]) & _WRAP >= RING_SLOTS:
             return 0
         at = self._at + (tail % RING_SLOTS) * RECORD
-        mem = self.mem
-        mem[at:at + HEADER] = np.frombuffer(header, np.uint8)
-        if payload is not None and payload.nbytes:
-            mem[at + HEADER:at + HEADER + payload.nbytes] = np.frombuffer(payload, np.uint8)
+        mv = self.mv
+        mv[at:at + HEADER] = header
+        if payload is not None:
+            data = memoryview(payload).cast("B")  # (a C-contiguous array or bytes)
+            if data.nbytes:
+                mv[at + HEADER:at + HEADER + data.nbytes] = data
         w[self._tail] = (tail + 1) & _WRAP  # after the record: a reader sees both
         fence()
         if w[_SLEEPING // 4]:

@@ -194,13 +194,15 @@ class Session:
 
     def local_messages(self) -> tuple[Callable[[P2P, asyncio.AbstractEventLoop], bool],
                                       Callable[[P2P, asyncio.AbstractEventLoop], Any],
-                                      Callable[..., Any]] | None:
-        """Once joined: (send, recv, send again) of messages to and from ranks of this
-        node through shared memory, on the caller's thread (:meth:`FastP2P.send`,
-        :meth:`FastP2P.recv`, :meth:`FastP2P.send_again`); None when every message goes
+                                      Callable[..., Any], Callable[..., bool]] | None:
+        """Once joined: (send, recv, send again, recv again) of messages to and from
+        ranks of this node through shared memory, on the caller's thread
+        (:meth:`FastP2P.send`, :meth:`FastP2P.recv`, :meth:`FastP2P.send_again`,
+        :meth:`minidist.fast_takes.Takes.recv_again`); None when every message goes
         through the sockets."""
         p2p = self.p2p
-        return None if p2p is None else (p2p.send, p2p.recv, p2p.send_again)
+        return None if p2p is None else (p2p.send, p2p.recv, p2p.send_again,
+                                         p2p.recv_again)
 
     @property
     def incarnation(self) -> int:

@@ -39,6 +39,26 @@ def test_sends_like_the_last_one_stay_exact_on_every_group_tag_and_way():
     assert "REPEAT SENDS OK" in job.out
 
 
+def test_receives_like_the_last_one_stay_exact_and_leave_every_other_case_alone():
+    """Receives planned once (minidist.fast_takes) in an RL loop on a crowded node, and
+    beside them another group's message first, a message of another dtype or shape,
+    a timeout, an inbox closed by a receive on the loop, receives from any rank."""
+    with Job(9, SCRIPTS / "repeat_recvs.py", "loop") as job:
+        rc = job.wait(100)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    assert "REPEAT RECVS OK" in job.out
+
+
+def test_a_killed_sender_fails_every_remembered_receive_within_seconds():
+    with Job(9, SCRIPTS / "repeat_recvs.py", "kill") as job:
+        job.wait(90)
+    lost = [line for line in job.out.splitlines() if "LOST" in line]
+    assert len(lost) == 8, job.out[-2000:] + job.err[-2000:]
+    # (the error names every rank gone by then: the workers that raised before it too)
+    assert all("LOST [0" in line and float(line.split()[-1]) < 10 for line in lost), \
+        "\n".join(lost)
+
+
 def test_a_killed_sender_fails_the_waiting_receive_within_seconds():
     with Job(2, SCRIPTS / "fast_p2p_fail.py", "kill") as job:
         job.wait(90)

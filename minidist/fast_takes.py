@@ -1,0 +1,168 @@
+"""Blocking receives like the last one, planned once: an RL env worker receives the same
+kind of small message (an action) from its learner on every step, and planning,
+checking and decoding it again each time was most of what a receive through the inbox
+(:mod:`minidist.fast_p2p`) cost on a crowded node.
+
+After a message from a rank with a tag was taken whole from its ring (its header was the
+one its sender writes for a message that fits), :class:`Takes` remembers its kind
+(group, dtype, size and shape digest). The next blocking receive from that rank and tag
+into an array of that kind is remembered as a :class:`Take`; from then on a receive
+from that rank and tag into a C-contiguous, writable numpy array of the same group,
+dtype and shape is numbered at once and looks at the sender's ring: a record whose 64
+header bytes are the ones its sender writes for this message (the same comparison the
+general path makes) is copied straight into the array. If the ring is empty and the
+receiver would sleep at once (the node's ranks crowd its cores), it sleeps once on the
+inbox's bell and looks again. Anything else (a record of another receive, a message
+that came through the socket, a peer gone, a wait that goes on) continues on the
+general receive (:meth:`FastP2P._recv`) with the number it got, which takes, sets
+aside, waits and raises exactly as for any receive; its deadline starts there, so such
+a receive may wait up to one sleep slice (0.1 s) longer than the group's timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from . import wire
+from .fastpath import SLICE, fence, futex_wait
+from .group import Group
+from .inbox import HEADER, MESSAGE_BYTES, RECORD, RING, RING_SLOTS
+from .ops import dtype_code
+from .plan import P2P
+
+TAKES = 1024  # remembered kinds and takes (by sender and tag) before they are dropped
+_WRAP = 0x7FFFFFFF
+_OPEN, _BELL, _SLEEPING = 0, 1, 2  # the inbox's words (minidist.inbox: bytes 0, 4, 8)
+
+
+class Take:
+    """The kind of message this rank receives from one rank with one tag, and where its
+    ring lies in this rank's inbox ``inbox``."""
+
+    __slots__ = ("group", "dtype", "dtype_code", "shape", "digest", "size", "nbytes",
+                 "inbox", "head", "tail", "slots")
+
+    def __init__(self, group: Group, dtype: np.dtype, shape: tuple, digest: int,
+                 inbox: Any, ring: int) -> None:
+        self.group, self.dtype, self.shape, self.digest = group, dtype, shape, digest
+        self.dtype_code = dtype_code(dtype)
+        self.size = int(np.prod(shape, dtype=np.int64))
+        self.nbytes = self.size * dtype.itemsize
+        self.inbox = inbox
+        at = HEADER + ring * RING
+        self.head, self.tail = inbox.ring_words(ring)
+        self.slots = tuple(at + 64 + s * RECORD for s in range(RING_SLOTS))
+
+
+class Takes:
+    """One rank's remembered receives, taken from its inbox by ``p2p`` (its
+    :class:`minidist.fast_p2p.FastP2P`)."""
+
+    def __init__(self, p2p: Any) -> None:
+        self.p2p = p2p
+        self.plan = p2p.session.plan
+        self.engine = p2p.engine
+        self.mailbox = p2p.mailbox
+        self.takes: dict[tuple[int, int], Take] = {}
+        self.kinds: dict[tuple[int, int], tuple] = {}  # the last message's, by (src, tag)
+        self.taken = 0  # messages taken by a remembered receive
+
+    def went(self, p: P2P) -> None:
+        """Receive ``p`` (into a C-contiguous array) took its message whole from its
+        sender's ring: remember its kind."""
+        kinds = self.kinds
+        if len(kinds) >= TAKES:
+            kinds.clear()
+        kinds[(p.peer, p.tag)] = (p.group, p.flat.dtype, p.flat.size, p.shape)
+
+    def forget(self, rank: int) -> None:
+        """``rank`` is a new process (its ring holds another sender's messages)."""
+        for table in (self.takes, self.kinds):
+            for key in [k for k in table if k[0] == rank]:
+                table.pop(key, None)
+
+    def clear(self) -> None:
+        self.takes.clear()
+        self.kinds.clear()
+
+    def recv_again(self, array: object, src: int, tag: int, group: object,
+                   loop: asyncio.AbstractEventLoop) -> bool:
+        """From the caller's thread: a blocking receive from ``src`` with ``tag`` on
+        ``group`` (None: the default group) into ``array`` by its remembered kind. True
+        once the message is in ``array`` (DistError raises as from any receive); False
+        if it has none (nothing was done: the general path plans it, and the next one
+        of its kind is remembered)."""
+        t = self.takes.get((src, tag))
+        g = self.plan.default if group is None else group
+        if t is None:
+            self._learn(array, src, tag, g)
+            return False
+        if g is not t.group or type(array) is not np.ndarray or array.dtype is not t.dtype \
+                or array.shape != t.shape:
+            return False
+        flags = array.flags
+        if not (flags.c_contiguous and flags.writeable):
+            return False
+        p2p = self.p2p
+        if p2p.inbox is not t.inbox:  # closed, or made again
+            return False
+        # None once taken; NOT_TAKEN if another thread waits in the inbox (not numbered)
+        return p2p.in_inbox(loop, lambda inbox: self._take(t, array, src, tag, g, inbox)) \
+            is None
+
+    def _take(self, t: Take, array: np.ndarray, src: int, tag: int, g: Group,
+              inbox: Any) -> None:
+        """In the inbox: the message, numbered now, from its ring; else the general
+        receive with that number (None, or its DistError)."""
+        e, p2p, mailbox = self.engine, self.p2p, self.mailbox
+        seq = e.next_p2p_seq(g, src, tag, False)
+        expected = wire.encode_p2p(t.dtype_code, 0, g.id, seq, src, tag, t.digest, t.size,
+                                   t.nbytes)
+        ints, mem, mv = inbox.ints, inbox.mem, inbox.mv
+        head_at, tail_at, slots = t.head, t.tail, t.slots
+        ints[_OPEN] = 1
+        for sleep in (True, False):
+            seen = ints[_BELL]
+            head = ints[head_at]
+            if ints[tail_at] != head:
+                at = slots[head % RING_SLOTS]
+                if mem[at:at + 64].tobytes() != expected:
+                    break  # another receive's record: the general path sets it aside
+                with p2p.drain_lock:
+                    if inbox.ints is not ints or ints[head_at] != head:
+                        break  # drained by the loop meanwhile
+                    memoryview(array).cast("B")[:] = mv[at + 64:at + 64 + t.nbytes]
+                    ints[head_at] = (head + 1) & _WRAP  # after the copy
+                self.taken += 1
+                return None
+            if not sleep or mailbox.early or e.rendezvous_lost is not None or \
+                    mailbox.is_dead(src) is not None or not p2p.sleeps_at_once():
+                break
+            ints[_SLEEPING] = 1
+            fence()
+            if ints[_BELL] == seen and ints[tail_at] == ints[head_at]:
+                futex_wait(inbox.base + 4 * _BELL, seen, SLICE)
+            ints[_SLEEPING] = 0
+        p = P2P(g, src, tag, seq, array.reshape(-1), t.digest, False)
+        return p2p.receive_numbered(p, inbox, src)
+
+    def _learn(self, array: object, src: int, tag: int, g: object) -> None:
+        """A remembered receive from ``src`` with ``tag`` if ``array`` is of the kind of
+        the last message taken from its ring."""
+        last = self.kinds.get((src, tag))
+        if last is None or type(array) is not np.ndarray or not array.flags.c_contiguous:
+            return
+        group, dtype, size, digest = last
+        if group is not g or array.dtype != dtype or array.size != size or \
+                array.nbytes > MESSAGE_BYTES or wire.shape_digest(array.shape) != digest:
+            return
+        p2p = self.p2p
+        ring = p2p.ring_of.get(src)
+        if p2p.inbox is None or ring is None:
+            return
+        if len(self.takes) >= TAKES:
+            self.takes.clear()
+        self.takes[(src, tag)] = Take(g, array.dtype, array.shape, digest, p2p.inbox, ring)

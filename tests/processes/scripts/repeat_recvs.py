@@ -1,0 +1,148 @@
+"""Blocking receives like the last one from their rank (minidist.fast_takes), on a node
+whose 9 ranks crowd its cores (receivers sleep at once, in the remembered receive).
+
+``loop``: rank 0 (a learner) sends an action to each of ranks 1 - 8 and receives an
+observation from each, 300 steps, every value checked on both sides; then, between
+ranks 0 and 1 (the others wait at a barrier), every case a remembered receive must
+leave to the general path: a message of another group with the same sender and tag
+ahead of it, a message of another dtype or shape of the same size (CollectiveMismatchError,
+the buffer unchanged, the next message taken), a receive that times out (its message
+taken by the next receive), an inbox closed by a receive on the loop (the messages
+came through the socket), receives from any rank. Every rank checks that its
+remembered receives took messages. Prints "REPEAT RECVS OK" on rank 0.
+
+``kill``: after 100 steps, rank 0 SIGKILLs itself while every worker sleeps in its
+remembered receive; each worker prints "LOST <ranks> <seconds>" and exits 3.
+"""
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import minidist
+from minidist.process_state import STATE
+
+what = sys.argv[1]
+minidist.init(timeout=60)
+rank, n = minidist.get_rank(), minidist.get_world_size()
+W = n - 1
+act = np.zeros(1, np.int64)
+obs = np.zeros((n, 16), np.float32)
+
+
+def taken() -> int:
+    return STATE.blocking._session.p2p.takes.taken
+
+
+def steps(count: int, first: int = 0, die_at: int = -1) -> None:
+    for step in range(first, first + count):
+        if rank == 0:
+            if step == die_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            for w in range(1, n):
+                minidist.send(np.array([step * 100 + w], np.int64), w)
+            if step % 7 == 3:
+                time.sleep(0.002)  # the workers sleep in their receives meanwhile
+            for w in range(1, n):
+                assert minidist.recv(obs[w], w, tag=1) == w
+                assert (obs[w] == step * 100 + w + 0.5).all(), (step, w, obs[w])
+        else:
+            assert minidist.recv(act, 0) == 0
+            assert act[0] == step * 100 + rank, (step, act)
+            minidist.send(np.full(16, act[0] + 0.5, np.float32), 0, tag=1)
+
+
+if what == "kill":
+    steps(100)
+    if rank == 0:
+        steps(10, 100, die_at=105)
+    t0 = time.monotonic()
+    try:
+        steps(10, 100)
+        print("NO ERROR", flush=True)
+    except minidist.PeerLostError as e:
+        print(f"LOST {list(e.ranks)} {time.monotonic() - t0:.1f}", flush=True)
+        os._exit(3)
+    sys.exit(1)
+
+steps(300)
+pair = minidist.new_group([0, 1])
+slow = minidist.new_group([0, 1], timeout=1.0)
+if rank == 0:
+    for i in range(20):  # another group, same sender and tag, sent first
+        minidist.send(np.array([i], np.int64), 1)
+        minidist.send(np.array([1000 + i], np.int64), 1, group=pair)
+    minidist.send(np.array([2.5]), 1)  # float64: 8 bytes, as the int64 actions
+    minidist.send(np.array([77], np.int64), 1)
+    for i in range(5):
+        minidist.send(np.full(4, i, np.float32), 1, tag=2)
+    minidist.send(np.full((2, 2), 9, np.float32), 1, tag=2)  # same size, other shape
+    minidist.send(np.full(4, 5, np.float32), 1, tag=2)
+    for i in range(3):
+        minidist.send(np.array([i], np.int64), 1, group=slow)
+    time.sleep(2.0)  # rank 1's receive on slow times out meanwhile
+    minidist.send(np.array([3], np.int64), 1, group=slow)
+    minidist.recv(act, 1, tag=3)  # rank 1 received on its loop: its inbox is closed
+    for i in range(10):
+        minidist.send(np.array([500 + i], np.int64), 1)
+    for i in range(10):
+        minidist.send(np.array([600 + i], np.int64), 1, tag=4)
+elif rank == 1:
+    for i in range(20):
+        minidist.recv(act, 0, group=pair)
+        assert act[0] == 1000 + i, (i, act)
+        minidist.recv(act, 0)
+        assert act[0] == i, (i, act)
+    act[0] = -1
+    try:
+        minidist.recv(act, 0)
+        raise AssertionError("a float64 message went into an int64 buffer")
+    except minidist.CollectiveMismatchError:
+        assert act[0] == -1, act
+    minidist.recv(act, 0)
+    assert act[0] == 77, act
+    got = np.zeros(4, np.float32)
+    for i in range(5):
+        minidist.recv(got, 0, tag=2)
+        assert (got == i).all(), (i, got)
+    got[:] = -1
+    try:
+        minidist.recv(got, 0, tag=2)
+        raise AssertionError("a (2, 2) message went into a (4,) buffer")
+    except minidist.CollectiveMismatchError:
+        assert (got == -1).all(), got
+    minidist.recv(got, 0, tag=2)
+    assert (got == 5).all(), got
+    for i in range(3):
+        minidist.recv(act, 0, group=slow)
+        assert act[0] == i, (i, act)
+    t0 = time.monotonic()
+    try:
+        minidist.recv(act, 0, group=slow)
+        raise AssertionError("no timeout")
+    except minidist.DistTimeoutError:
+        assert 0.9 < time.monotonic() - t0 < 1.9, time.monotonic() - t0
+    minidist.recv(act, 0, group=slow)
+    assert act[0] == 3, act
+    seen = np.zeros(1, np.int64)
+    work = minidist.irecv(seen, 0, tag=4)  # received on the loop: the inbox closes
+    minidist.send(act, 0, tag=3)
+    work.wait()
+    assert seen[0] == 600, seen
+    for i in range(10):
+        assert minidist.recv(act, 0) == 0
+        assert act[0] == 500 + i, (i, act)
+    for i in range(1, 10):
+        assert minidist.recv(act, None, tag=4) == 0
+        assert act[0] == 600 + i, (i, act)
+minidist.barrier()
+if rank:
+    assert taken() >= 200, (rank, taken())
+counts = minidist.all_gather_object(taken())
+if rank == 0:
+    assert min(counts) >= 200, counts
+    print(f"REPEAT RECVS OK {counts}", flush=True)
+minidist.destroy()
