@@ -556,6 +556,10 @@ def irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: 
 
 def send(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0,
          group_dst: int | None = None) -> None:
+    if dst is not None and group_dst is None:
+        g = _group(group)
+        if g is not _NOT_MEMBER and C.send_again(tensor, dst, tag, g):
+            return
     w = isend(tensor, dst, group, tag, group_dst)
     if w is not None:
         w.wait()

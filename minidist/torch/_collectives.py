@@ -611,14 +611,27 @@ def irecv(t: torch.Tensor, src: int | None, tag: int, g: Group | None) -> Work:
                 source_rank=w.source_rank if src is None else src, group_ranks=members(g))
 
 
+def send_again(t: object, dst: int, tag: int, g: Group | None) -> bool:
+    """A blocking send of a plain CPU tensor like the last one to ``dst`` with ``tag``
+    (:meth:`minidist.door.Door.send_again`): sent without planning it again (True);
+    False, with nothing done, for any other (the general path checks and sends it)."""
+    arr = plain_view(t)
+    return arr is not None and md.door().send_again(arr, dst, tag, g)
+
+
 def recv(t: torch.Tensor, src: int, tag: int, g: Group | None) -> int:
     """A blocking receive from global rank ``src``: for a CPU tensor it runs on the
     caller's thread (only its planning holds the order lock), so that from a rank of
-    this node it waits in this rank's inbox (:mod:`minidist.fast_p2p`)."""
+    this node it waits in this rank's inbox (:mod:`minidist.fast_p2p`); a receive into
+    a plain CPU tensor like the last one from there is not planned again
+    (:meth:`minidist.door.Door.recv_again`)."""
     if _on_gpu(t):
         irecv(t, src, tag, g).wait()
         return src
     d = md.door()
+    arr = plain_view(t)
+    if arr is not None and d.recv_again(arr, src, tag, g):
+        return src
     with _order:
         arr, post = as_output(t, "recv")
         item = d.plan.prepare_recv(arr, src, tag, g)

@@ -44,6 +44,28 @@ if sys.argv[1] == "torch":
         dist.gather(obs, outs, dst=0)
         if rank == 0:
             assert all(bool((o == step + r).all()) for r, o in enumerate(outs))
+    # lockstep with send / recv: sends and receives like the last ones planned once
+    from minidist.process_state import STATE
+
+    rows = torch.zeros((n, 16))
+    for step in range(200):
+        if rank == 0:
+            for w in range(1, n):
+                dist.send(torch.full((1,), step * 100 + w, dtype=torch.int64), w)
+            for w in range(1, n):
+                assert dist.recv(rows[w], w) == w
+                assert bool((rows[w] == step * 100 + w + 0.5).all()), (step, w, rows[w])
+        else:
+            assert dist.recv(act, 0) == 0
+            assert int(act) == step * 100 + rank, (act, step, rank)
+            obs.fill_(float(int(act)) + 0.5)
+            dist.send(obs, 0)
+    p2p = STATE.blocking._session.p2p
+    counts = [None] * n
+    dist.all_gather_object(counts, (p2p.routes.sent, p2p.takes.taken))
+    # (a send that finds its receiver's ring full goes the general way)
+    assert all(sent > 50 for sent, _ in counts), counts
+    assert sum(taken for _, taken in counts) > 50, counts
     # first k: every worker sends 50 rows; the learner takes them 2 at a time
     if rank == 0:
         seen = {r: 0 for r in range(1, n)}
