@@ -59,6 +59,22 @@ def test_a_killed_sender_fails_every_remembered_receive_within_seconds():
         "\n".join(lost)
 
 
+def test_a_sender_that_leaves_fails_every_remembered_receive_within_seconds():
+    with Job(9, SCRIPTS / "repeat_recvs.py", "leave") as job:
+        job.wait(90)
+    left = [line for line in job.out.splitlines() if "LEFT" in line]
+    assert len(left) == 8, job.out[-2000:] + job.err[-2000:]
+    assert all("LEFT [0" in line and " True " in line and float(line.split()[-1]) < 10
+               for line in left), "\n".join(left)
+
+
+def test_remembered_receives_stay_exact_while_their_sender_is_stopped():
+    with Job(9, SCRIPTS / "repeat_recvs.py", "stop") as job:
+        rc = job.wait(100)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    assert "STOPPED OK" in job.out
+
+
 def test_a_killed_sender_fails_the_waiting_receive_within_seconds():
     with Job(2, SCRIPTS / "fast_p2p_fail.py", "kill") as job:
         job.wait(90)

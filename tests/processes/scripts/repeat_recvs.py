@@ -13,6 +13,13 @@ remembered receives took messages. Prints "REPEAT RECVS OK" on rank 0.
 
 ``kill``: after 100 steps, rank 0 SIGKILLs itself while every worker sleeps in its
 remembered receive; each worker prints "LOST <ranks> <seconds>" and exits 3.
+
+``leave``: the same, but rank 0 leaves (destroy, then a normal exit); each worker
+prints "LEFT <ranks> <left> <seconds>" and exits 3.
+
+``stop``: rank 1 stops rank 0 (SIGSTOP) for 1.5 s twice during 600 steps, while the
+workers wait in their remembered receives; every value is checked after SIGCONT.
+Prints "STOPPED OK" on rank 0.
 """
 
 import os
@@ -54,6 +61,46 @@ def steps(count: int, first: int = 0, die_at: int = -1) -> None:
             assert act[0] == step * 100 + rank, (step, act)
             minidist.send(np.full(16, act[0] + 0.5, np.float32), 0, tag=1)
 
+
+if what == "leave":
+    steps(100)
+    if rank == 0:
+        steps(5, 100)
+        minidist.destroy()
+        sys.exit(0)
+    steps(5, 100)
+    t0 = time.monotonic()
+    try:
+        steps(10, 105)
+        print("NO ERROR", flush=True)
+    except minidist.PeerLostError as e:
+        print(f"LEFT {list(e.ranks)} {e.left} {time.monotonic() - t0:.1f}", flush=True)
+        os._exit(3)
+    sys.exit(1)
+
+if what == "stop":
+    import threading
+
+    pids = minidist.all_gather_object(os.getpid())
+
+    def pause_rank0() -> None:
+        for _ in range(2):
+            time.sleep(0.3)
+            os.kill(pids[0], signal.SIGSTOP)
+            time.sleep(1.5)
+            os.kill(pids[0], signal.SIGCONT)
+
+    pauser = threading.Thread(target=pause_rank0) if rank == 1 else None
+    if pauser is not None:
+        pauser.start()
+    steps(600)
+    if pauser is not None:
+        pauser.join()
+    minidist.barrier()
+    if rank == 0:
+        print("STOPPED OK", flush=True)
+    minidist.destroy()
+    sys.exit(0)
 
 if what == "kill":
     steps(100)
