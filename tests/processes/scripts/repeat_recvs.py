@@ -75,6 +75,7 @@ if what == "leave":
         print("NO ERROR", flush=True)
     except minidist.PeerLostError as e:
         print(f"LEFT {list(e.ranks)} {e.left} {time.monotonic() - t0:.1f}", flush=True)
+        time.sleep(3)  # the other workers raise meanwhile (before this one's exit)
         os._exit(3)
     sys.exit(1)
 
@@ -112,6 +113,7 @@ if what == "kill":
         print("NO ERROR", flush=True)
     except minidist.PeerLostError as e:
         print(f"LOST {list(e.ranks)} {time.monotonic() - t0:.1f}", flush=True)
+        time.sleep(3)  # the other workers raise meanwhile (before this one's exit)
         os._exit(3)
     sys.exit(1)
 
