@@ -29,7 +29,7 @@ import numpy as np
 from . import wire
 from .fastpath import SLICE, fence, futex_wait
 from .group import Group
-from .inbox import HEADER, MESSAGE_BYTES, RECORD, RING, RING_SLOTS
+from .inbox import MESSAGE_BYTES
 from .ops import dtype_code
 from .plan import P2P
 
@@ -43,7 +43,7 @@ class Take:
     ring lies in this rank's inbox ``inbox``."""
 
     __slots__ = ("group", "dtype", "dtype_code", "shape", "digest", "size", "nbytes",
-                 "inbox", "head", "tail", "slots")
+                 "inbox", "ring", "head", "tail")
 
     def __init__(self, group: Group, dtype: np.dtype, shape: tuple, digest: int,
                  inbox: Any, ring: int) -> None:
@@ -51,10 +51,8 @@ class Take:
         self.dtype_code = dtype_code(dtype)
         self.size = int(np.prod(shape, dtype=np.int64))
         self.nbytes = self.size * dtype.itemsize
-        self.inbox = inbox
-        at = HEADER + ring * RING
+        self.inbox, self.ring = inbox, ring
         self.head, self.tail = inbox.ring_words(ring)
-        self.slots = tuple(at + 64 + s * RECORD for s in range(RING_SLOTS))
 
 
 class Takes:
@@ -121,21 +119,17 @@ class Takes:
         seq = e.next_p2p_seq(g, src, tag, False)
         expected = wire.encode_p2p(t.dtype_code, 0, g.id, seq, src, tag, t.digest, t.size,
                                    t.nbytes)
-        ints, mem, mv = inbox.ints, inbox.mem, inbox.mv
-        head_at, tail_at, slots = t.head, t.tail, t.slots
+        ints, ring, into = inbox.ints, t.ring, memoryview(array).cast("B")
+        head_at, tail_at = t.head, t.tail
+        drain_lock = p2p.drain_lock
         ints[_OPEN] = 1
         for sleep in (True, False):
             seen = ints[_BELL]
-            head = ints[head_at]
-            if ints[tail_at] != head:
-                at = slots[head % RING_SLOTS]
-                if mem[at:at + 64].tobytes() != expected:
+            if ints[tail_at] != ints[head_at]:
+                with drain_lock:  # (the loop may move the rings' records meanwhile)
+                    took = p2p.inbox is inbox and inbox.take_if(ring, expected, into)
+                if not took:
                     break  # another receive's record: the general path sets it aside
-                with p2p.drain_lock:
-                    if inbox.ints is not ints or ints[head_at] != head:
-                        break  # drained by the loop meanwhile
-                    memoryview(array).cast("B")[:] = mv[at + 64:at + 64 + t.nbytes]
-                    ints[head_at] = (head + 1) & _WRAP  # after the copy
                 self.taken += 1
                 return None
             if not sleep or mailbox.early or e.rendezvous_lost is not None or \

@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import wire
+from . import ops, wire
 from .errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError
 from .fastpath import SLICE, Patience
 from .group import Group
+from .inbox import MESSAGE_BYTES
 from .plan import P2P, Planner
 
 SPIN_MANY = 100e-6  # how long a receiver spins while the node's ranks fit its cores
@@ -49,9 +50,12 @@ class Many:
     ranks: tuple[int, ...]  # the global ranks it takes messages from
     items: list[P2P]
     senders: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-    taken: list[tuple[wire.Header, np.ndarray | None]] = field(default_factory=list)
+    taken: list[tuple[wire.Header | bytes, np.ndarray | None]] = field(default_factory=list)
     start: int = 0  # the ring a pass starts at
     dropped: tuple[int, int] | None = None  # (sender, number) of a message that did not fit
+    # (dtype code, shape digest, count, bytes) of a row, when its message fits a record:
+    # a record with exactly the header its sender writes for it is taken without decoding
+    whole: tuple[int, int, int, int] | None = None
 
 
 def prepare(plan: Planner, output: np.ndarray, src: int | object, tag: int,
@@ -90,7 +94,10 @@ def prepare(plan: Planner, output: np.ndarray, src: int | object, tag: int,
         flat = row.reshape(-1) if row.flags.c_contiguous else np.empty(row.size, row.dtype)
         items.append(P2P(g, -1, first.tag, -1, flat, first.shape, False,
                          None if row.flags.c_contiguous else row))
-    return Many(g, first.tag, ranks, items, np.full(len(items), -1, np.int64))
+    flat = first.flat
+    whole = (ops.dtype_code(flat.dtype), first.shape, flat.size, flat.nbytes) \
+        if flat.nbytes <= MESSAGE_BYTES else None
+    return Many(g, first.tag, ranks, items, np.full(len(items), -1, np.int64), whole=whole)
 
 
 # ----------------------------------------------------------------------------- taking
@@ -102,6 +109,18 @@ def _expected(engine, m: Many, src: int) -> int:
 
 def _took(engine, m: Many, src: int, seq: int) -> None:
     engine.p2p_seqs[(m.group.id, src, m.tag, False)] = seq + 1
+
+
+def _took_whole(engine, m: Many, header: bytes, src: int, seq: int) -> None:
+    """Message ``seq`` from ``src`` (its header bytes ``header``, its payload already in
+    the next row) becomes the next one taken."""
+    i = len(m.taken)
+    item = m.items[i]
+    _took(engine, m, src, seq)
+    if item.user is not None:
+        np.copyto(item.user, item.flat.reshape(item.user.shape))
+    m.senders[i] = src
+    m.taken.append((header, None))
 
 
 def _fill(engine, m: Many, h: wire.Header, payload, into_done: bool) -> None:
@@ -151,15 +170,28 @@ def _take_rings(p2p, m: Many) -> None:
     if not rings.size:
         return
     k, gid, tag = len(m.items), m.group.id, m.tag
-    order = np.roll(rings, -(m.start % rings.size))
+    order = rings.tolist()
+    first = m.start % len(order)
+    order = order[first:] + order[:first]
     m.start += 1
+    whole, local, ranks = m.whole, p2p.local, m.ranks
     with p2p.drain_lock:
         progress = True
         while progress and len(m.taken) < k:
             progress = False
-            for ring in order.tolist():
+            for ring in order:
                 if len(m.taken) >= k:
                     return
+                src = local[ring]
+                if whole is not None and src in ranks:
+                    seq = _expected(engine, m, src)
+                    header = wire.encode_p2p(whole[0], 0, gid, seq, src, tag, *whole[1:])
+                    row = memoryview(m.items[len(m.taken)].flat).cast("B")
+                    if inbox.take_if(ring, header, row):
+                        p2p.received += 1
+                        _took_whole(engine, m, header, src, seq)
+                        progress = True
+                        continue
                 while True:
                     raw = inbox.peek(ring)
                     if raw is None:
@@ -190,6 +222,8 @@ def give_back(mailbox, m: Many, loop: asyncio.AbstractEventLoop | None, engine) 
     """The messages this call took wait for the next receive (after an error)."""
     back: dict[int, int] = {}
     for i, (h, _) in enumerate(m.taken):
+        if isinstance(h, bytes):  # taken whole by its header bytes
+            h = wire.decode_header(h)
         item = m.items[i]
         payload = bytearray(item.flat.view(np.uint8).tobytes())
         if m.dropped is not None and h.src == m.dropped[0]:

@@ -186,13 +186,31 @@ class Inbox:
         at = np.arange(rings) * RING + HEADER
         self._heads = (at + _HEAD) // 4
         self._tails = (at + _TAIL) // 4
+        self._head_at, self._tail_at = self._heads.tolist(), self._tails.tolist()
         self.mv = memoryview(self.mem)  # the segment's bytes and int32 words, read as
         self.ints = self.mv.cast("i")  # plain ints (cheaper than numpy's scalars)
+
+    def take_if(self, ring: int, header: bytes, into: memoryview) -> bool:
+        """Take the oldest record of ring ``ring`` if its header bytes are ``header``,
+        which says that its payload is ``into.nbytes`` bytes (at most
+        :data:`MESSAGE_BYTES`) in the record itself: copy the payload into ``into`` (a
+        byte view) and remove the record (True); else change nothing (False)."""
+        ints, mv = self.ints, self.mv
+        h = self._head_at[ring]
+        head = ints[h]
+        if ints[self._tail_at[ring]] == head:
+            return False
+        at = HEADER + ring * RING + 64 + (head % RING_SLOTS) * RECORD
+        if mv[at:at + HEADER] != header:
+            return False
+        into[:] = mv[at + HEADER:at + HEADER + into.nbytes]
+        ints[h] = (head + 1) & _WRAP  # after the copy
+        return True
 
     def ring_words(self, ring: int) -> tuple[int, int]:
         """The int32 words (indices into :attr:`ints`) that hold ring ``ring``'s head
         (records taken) and tail (records written)."""
-        return int(self._heads[ring]), int(self._tails[ring])
+        return self._head_at[ring], self._tail_at[ring]
 
     def close(self) -> None:
         """Close the inbox to senders, remove its name and unmap it (and the stashes)."""
