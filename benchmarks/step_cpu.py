@@ -1,0 +1,153 @@
+"""The CPU an RL step costs each rank, from the OS: a learner (rank 0) and W env workers
+in lockstep (scatter + gather, or send / recv) or first-k (``recv_many`` and sends);
+every rank's user + system time (``os.times``) over the timed steps, per step.
+
+    python -m minidist run -n 9 benchmarks/step_cpu.py --mode scatter
+    python -m minidist run -n 33 benchmarks/step_cpu.py --mode firstk -k 8 --vary
+
+Prints one JSON line on rank 0: env steps per second, the learner's CPU per env step,
+and the workers' CPU per env step (median and max over workers). On a machine whose
+cores the ranks crowd, a step's throughput is bound by the sum of these; run it from
+two checkouts in turn to compare code (the machine's speed drifts: alternate).
+A worker's env step writes the action into its 256-byte observation, and with
+``--vary`` sleeps uniform 0 - 1 ms (the sleep's own CPU counts too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+
+import minidist as md
+
+STOP = -1
+
+
+def cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mode", choices=("scatter", "p2p", "firstk"), default="scatter")
+    p.add_argument("--seconds", type=float, default=4.0, help="timed seconds (after 1 s)")
+    p.add_argument("-k", type=int, default=8, help="firstk: observations per learner step")
+    p.add_argument("--obs", type=int, default=256, help="observation bytes (>= 8)")
+    p.add_argument("--vary", action="store_true", help="workers sleep uniform 0 - 1 ms")
+    a = p.parse_args()
+    md.init()
+    rank, n = md.get_rank(), md.get_world_size()
+    if n < 2:
+        raise SystemExit("step_cpu: run it with at least 2 ranks (minidist run -n N)")
+    act = np.zeros(1, np.int64)
+    if rank == 0:
+        report = learner(a, n, act)
+    else:
+        report = worker(a, rank, act)
+    reports = md.all_gather_object(report)
+    if rank == 0:
+        steps, seconds, learner_cpu = reports[0]
+        per_worker = [c / s for s, c in reports[1:] if s]
+        print(json.dumps({
+            "mode": a.mode, "workers": n - 1, "k": a.k if a.mode == "firstk" else None,
+            "vary": a.vary, "env_steps_per_s": round(steps / seconds),
+            "learner_cpu_us_per_env_step": round(learner_cpu / steps * 1e6, 1),
+            "worker_cpu_us_per_env_step": round(statistics.median(per_worker) * 1e6, 1),
+            "worker_cpu_us_per_env_step_max": round(max(per_worker) * 1e6, 1)}),
+            flush=True)
+    md.destroy()
+
+
+def learner(a, n: int, act: np.ndarray) -> tuple[int, float, float]:
+    """Step until the time is up; (env steps timed, seconds, CPU seconds)."""
+    W, B = n - 1, a.obs
+    start = time.perf_counter()
+    timed_from = c0 = None
+    steps = step = 0
+    if a.mode == "firstk":
+        got = np.zeros((a.k, B), np.uint8)
+        act[0] = 1
+        for w in range(1, n):
+            md.send(act, w)
+    else:
+        acts = np.zeros(n, np.int64)
+        obs = np.zeros((n, B), np.uint8)
+        mine = np.zeros(B, np.uint8)
+    while True:
+        now = time.perf_counter()
+        if timed_from is None and now - start >= 1.0:
+            timed_from, c0 = now, cpu()
+        elif timed_from is not None and now - timed_from >= a.seconds:
+            break
+        step += 1
+        if a.mode == "scatter":
+            acts[:] = step
+            md.scatter(act, acts, src=0)
+            md.gather(mine, obs, dst=0)
+            taken = W
+        elif a.mode == "p2p":
+            act[0] = step
+            for w in range(1, n):
+                md.send(act, w)
+            for w in range(1, n):
+                md.recv(obs[w], w)
+            taken = W
+        else:
+            senders = md.recv_many(got).tolist()
+            act[0] = step
+            for s in senders:
+                md.send(act, s)
+            taken = a.k
+        if timed_from is not None:
+            steps += taken
+    seconds, used = time.perf_counter() - timed_from, cpu() - c0
+    if a.mode == "firstk":
+        for _ in range(W):  # every worker has one observation outstanding
+            md.recv(got[0])
+    act[0] = STOP
+    if a.mode == "scatter":
+        acts[:] = STOP
+        md.scatter(act, acts, src=0)
+    else:
+        for w in range(1, n):
+            md.send(act, w)
+    return steps, seconds, used
+
+
+def worker(a, rank: int, act: np.ndarray) -> tuple[int, float]:
+    """Step until told to stop; (env steps, CPU seconds) over those after the first
+    second."""
+    obs = np.zeros(max(a.obs, 8), np.uint8)[:a.obs]
+    rng = np.random.default_rng(rank)
+    start = time.perf_counter()
+    c0 = None
+    steps = 0
+    while True:
+        if a.mode == "scatter":
+            md.scatter(act, None, src=0)
+        else:
+            md.recv(act, 0)
+        if act[0] == STOP:
+            break
+        if c0 is None and time.perf_counter() - start >= 1.0:
+            c0 = cpu()
+        obs[:8] = act.view(np.uint8)
+        if a.vary:
+            time.sleep(rng.uniform(0.0, 1e-3))
+        if c0 is not None:
+            steps += 1
+        if a.mode == "scatter":
+            md.gather(obs, None, dst=0)
+        else:
+            md.send(obs, 0)
+    return steps, (cpu() - c0) if c0 is not None else 0.0
+
+
+if __name__ == "__main__":
+    main()
