@@ -85,7 +85,10 @@ class Routes:
         the message numbered (a :class:`P2P`) if the ring took nothing (it then goes as
         any message does); None if it has no route (nothing was done: the general path
         plans it, and the next one of its kind takes the route)."""
-        r = self.routes.get((dst, tag))
+        try:
+            r = self.routes.get((dst, tag))
+        except TypeError:  # not a rank or not a tag: the general path says so
+            return None
         g = self.plan.default if group is None else group
         if r is None:
             self._learn(array, dst, tag, g)

@@ -29,13 +29,11 @@ import numpy as np
 from . import wire
 from .fastpath import SLICE, fence, futex_wait
 from .group import Group
-from .inbox import MESSAGE_BYTES
+from .inbox import BELL_WORD, MESSAGE_BYTES, OPEN_WORD, SLEEPING_WORD
 from .ops import dtype_code
 from .plan import P2P
 
 TAKES = 1024  # remembered kinds and takes (by sender and tag) before they are dropped
-_WRAP = 0x7FFFFFFF
-_OPEN, _BELL, _SLEEPING = 0, 1, 2  # the inbox's words (minidist.inbox: bytes 0, 4, 8)
 
 
 class Take:
@@ -93,7 +91,10 @@ class Takes:
         once the message is in ``array`` (DistError raises as from any receive); False
         if it has none (nothing was done: the general path plans it, and the next one
         of its kind is remembered)."""
-        t = self.takes.get((src, tag))
+        try:
+            t = self.takes.get((src, tag))
+        except TypeError:  # not a rank or not a tag: the general path says so
+            return False
         g = self.plan.default if group is None else group
         if t is None:
             self._learn(array, src, tag, g)
@@ -122,9 +123,9 @@ class Takes:
         ints, ring, into = inbox.ints, t.ring, memoryview(array).cast("B")
         head_at, tail_at = t.head, t.tail
         drain_lock = p2p.drain_lock
-        ints[_OPEN] = 1
+        ints[OPEN_WORD] = 1
         for sleep in (True, False):
-            seen = ints[_BELL]
+            seen = ints[BELL_WORD]
             if ints[tail_at] != ints[head_at]:
                 with drain_lock:  # (the loop may move the rings' records meanwhile)
                     took = p2p.inbox is inbox and inbox.take_if(ring, expected, into)
@@ -135,11 +136,11 @@ class Takes:
             if not sleep or mailbox.early or e.rendezvous_lost is not None or \
                     mailbox.is_dead(src) is not None or not p2p.sleeps_at_once():
                 break
-            ints[_SLEEPING] = 1
+            ints[SLEEPING_WORD] = 1
             fence()
-            if ints[_BELL] == seen and ints[tail_at] == ints[head_at]:
-                futex_wait(inbox.base + 4 * _BELL, seen, SLICE)
-            ints[_SLEEPING] = 0
+            if ints[BELL_WORD] == seen and ints[tail_at] == ints[head_at]:
+                futex_wait(inbox.base + 4 * BELL_WORD, seen, SLICE)
+            ints[SLEEPING_WORD] = 0
         p = P2P(g, src, tag, seq, array.reshape(-1), t.digest, False)
         return p2p.receive_numbered(p, inbox, src)
 

@@ -74,6 +74,7 @@ STASH_MAGIC = 0x68_73_61_74_73_64_6D_31  # "1mdstash"
 STASH_STEP = 1 << 20  # a stash's pages are reserved this many bytes at a time
 _DESC = struct.Struct("<qqq")  # a stash record's payload: pid, offset, nbytes
 _OPEN, _BELL, _SLEEPING, _MAGIC, _RINGS = 0, 4, 8, 16, 24
+OPEN_WORD, BELL_WORD, SLEEPING_WORD = _OPEN // 4, _BELL // 4, _SLEEPING // 4  # in ints
 _HEAD, _TAIL = 0, 32
 _WRAP = 0x7FFFFFFF
 

@@ -8,8 +8,9 @@ leave to the general path: a message of another group with the same sender and t
 ahead of it, a message of another dtype or shape of the same size (CollectiveMismatchError,
 the buffer unchanged, the next message taken), a receive that times out (its message
 taken by the next receive), an inbox closed by a receive on the loop (the messages
-came through the socket), receives from any rank. Every rank checks that its
-remembered receives took messages. Prints "REPEAT RECVS OK" on rank 0.
+came through the socket), receives from any rank, bad arguments (they raise and change
+nothing). Every rank checks that its remembered receives took messages. Prints
+"REPEAT RECVS OK" on rank 0.
 
 ``kill``: after 100 steps, rank 0 SIGKILLs itself while every worker sleeps in its
 remembered receive; each worker prints "LOST <ranks> <seconds>" and exits 3.
@@ -139,6 +140,7 @@ if rank == 0:
         minidist.send(np.array([500 + i], np.int64), 1)
     for i in range(10):
         minidist.send(np.array([600 + i], np.int64), 1, tag=4)
+    minidist.send(np.array([700], np.int64), 1)
 elif rank == 1:
     for i in range(20):
         minidist.recv(act, 0, group=pair)
@@ -187,6 +189,20 @@ elif rank == 1:
     for i in range(1, 10):
         assert minidist.recv(act, None, tag=4) == 0
         assert act[0] == 600 + i, (i, act)
+    for bad in (dict(src=[0]), dict(src=0, tag=[0]), dict(src=0, tag=-1)):  # changes nothing
+        try:
+            minidist.recv(act, **bad)
+            raise AssertionError(f"recv with {bad} raised nothing")
+        except (TypeError, ValueError) as e:
+            assert "must be" in str(e), e  # the general path's words
+    for bad in (dict(dst=[0]), dict(dst=0, tag=[0])):
+        try:
+            minidist.send(act, **bad)
+            raise AssertionError(f"send with {bad} raised nothing")
+        except (TypeError, ValueError) as e:
+            assert "must be" in str(e), e
+    assert minidist.recv(act, 0) == 0
+    assert act[0] == 700, act
 minidist.barrier()
 if rank:
     assert taken() >= 200, (rank, taken())
