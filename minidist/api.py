@@ -93,9 +93,14 @@ def {name}({params}) -> {returns}:
     d.wait(item)
     return item.source
 ''',
+    # a blocking recv_many like the last one on this thread runs planned once
     calls.MANY: '''
 def {name}({params}) -> {returns}:
     d = door()
+    if not async_op:
+        m = d.many_again(output, src, tag, group)
+        if m is not None:
+            return d.wait_many(m)
     m = {plan}
     if async_op:
         return Work(d.submit_many(m))

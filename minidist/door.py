@@ -221,13 +221,19 @@ class Door:
         """Check a recv_many (:func:`minidist.recv_many`), on the caller's thread."""
         return first_k.prepare(self.plan, output, src, tag, group)
 
+    def many_again(self, output: Any, src: Any, tag: Any, group: Any) -> first_k.Many | None:
+        """This thread's last blocking recv_many, checked and planned, if this one is it
+        again (see :func:`minidist.first_k.again`); else None."""
+        return first_k.again(self.plan, output, src, tag, group)
+
     def wait_many(self, m: first_k.Many) -> Any:
         """A recv_many from a blocking caller: in the inbox on this thread when it can,
-        else on the loop; the senders."""
+        else on the loop; the senders. Remembered to run again (:meth:`many_again`)."""
         runtime = self._blocking()
         got = first_k.blocking(self._session, m, runtime.loop, NOT_TAKEN)
         if got is NOT_TAKEN:
             got = runtime.call(first_k.on_loop(self._session, m))
+        first_k.remember(m)
         return got
 
     def submit_many(self, m: first_k.Many) -> concurrent.futures.Future:

@@ -26,6 +26,7 @@ hearing of it; the group's timeout raises DistTimeoutError.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -56,6 +57,12 @@ class Many:
     # (dtype code, shape digest, count, bytes) of a row, when its message fits a record:
     # a record with exactly the header its sender writes for it is taken without decoding
     whole: tuple[int, int, int, int] | None = None
+    # the call as given (output, its shape, strides and dtype, src, tag, group), when it
+    # may be run again (see :func:`again`); else empty
+    args: tuple = ()
+
+
+_local = threading.local()  # this thread's last blocking recv_many (see :func:`again`)
 
 
 def prepare(plan: Planner, output: np.ndarray, src: int | object, tag: int,
@@ -97,7 +104,39 @@ def prepare(plan: Planner, output: np.ndarray, src: int | object, tag: int,
     flat = first.flat
     whole = (ops.dtype_code(flat.dtype), first.shape, flat.size, flat.nbytes) \
         if flat.nbytes <= MESSAGE_BYTES else None
-    return Many(g, first.tag, ranks, items, np.full(len(items), -1, np.int64), whole=whole)
+    m = Many(g, first.tag, ranks, items, np.full(len(items), -1, np.int64), whole=whole)
+    if (src is None or type(src) is int) and type(tag) is int:
+        m.args = (output, output.shape, output.strides, output.dtype, src, tag, group)
+    return m
+
+
+def again(plan: Planner, output: object, src: object, tag: object,
+          group: object) -> Many | None:
+    """This thread's last blocking recv_many (see :func:`remember`), ready to run again,
+    if this call is it again: the same output array (its shape, strides and dtype
+    unchanged, still writable), the same ``src`` (None or a rank), tag and group (the
+    default group still the one it was). Else None (the call is prepared as any)."""
+    m = getattr(_local, "many", None)
+    if m is None:
+        return None
+    out, shape, strides, dtype, src0, tag0, group0 = m.args
+    if output is not out or group is not group0 or type(tag) is not int or tag != tag0 or (
+            src is not src0 and (type(src) is not int or src != src0)):
+        return None
+    if output.shape != shape or output.strides != strides or output.dtype is not dtype or \
+            not output.flags.writeable or (group is None and plan.default is not m.group):
+        return None
+    if m.taken:
+        return None
+    m.senders = np.full(len(m.items), -1, np.int64)  # (the last call's went to its caller)
+    m.dropped = None
+    return m
+
+
+def remember(m: Many) -> None:
+    """After blocking recv_many ``m`` returned: remember it for :func:`again`."""
+    if m.args:
+        _local.many = m
 
 
 # ----------------------------------------------------------------------------- taking

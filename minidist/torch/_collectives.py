@@ -650,7 +650,7 @@ def recv_many(t: torch.Tensor, src: Any, tag: int, g: Group | None,
     d = md.door()
     with _order:
         arr, post = as_output(t, "recv_many")
-        m = d.plan_many(arr, src, tag, g)
+        m = (blocking and d.many_again(arr, src, tag, g)) or d.plan_many(arr, src, tag, g)
     if blocking:
         try:
             senders = d.wait_many(m)
