@@ -70,13 +70,19 @@ def test_rl_layout_128_processes(tmp_path, start_method):
 
 
 def test_waiting_is_free_128_processes():
-    with Job(N, SCRIPTS / "idle_wait.py", env=clean_env(IDLE_SLEEP="5")) as job:
-        assert job.wait(180) == 0, job.err[-3000:]
-    line = next(line for line in job.out.splitlines() if "WAIT" in line)
-    cpu = float(line.split("cpu_seconds=")[1].split()[0])
-    waited = float(line.split("waited_min=")[1].split()[0])
-    assert waited >= 4.0, line  # they really waited for rank 0
-    assert cpu < 1.0, line  # 127 processes blocked 5 s: less than 1 CPU-second in all
+    """127 ranks blocked 5 s for rank 0 in a barrier, a scatter planned once and a
+    remembered receive."""
+    calls = ("barrier", "scatter", "recv")
+    with Job(N, SCRIPTS / "idle_wait.py",
+             env=clean_env(IDLE_SLEEP="5", IDLE_CALLS=",".join(calls))) as job:
+        assert job.wait(240) == 0, job.err[-3000:]
+    lines = [line for line in job.out.splitlines() if "WAIT" in line]
+    assert [line.split("WAIT ")[1].split()[0] for line in lines] == list(calls), lines
+    for line in lines:
+        cpu = float(line.split("cpu_seconds=")[1].split()[0])
+        waited = float(line.split("waited_min=")[1].split()[0])
+        assert waited >= 4.0, line  # they really waited for rank 0
+        assert cpu < 1.0, line  # 127 processes blocked 5 s: less than 1 CPU-second in all
 
 
 def test_spawned_ranks_also_work(tmp_path):
