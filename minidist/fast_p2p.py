@@ -4,7 +4,9 @@ no socket and no event loop on either side.
 A blocking receive from a known rank of this node (into a buffer of any size, or of an
 object) opens this rank's inbox (:mod:`minidist.inbox`, created at the first such
 receive) and waits there: it spins briefly while the node's ranks fit its cores, yields
-while they are a few per core, then sleeps on the inbox's bell. A send to a rank of
+while they are a few per core, then sleeps on the inbox's bell (rung by a message, and
+by the loop when a peer is gone), looking at its deadline and the rendezvous after 0.1 s
+and then less often, up to every second, while nothing rings. A send to a rank of
 this node whose inbox is open writes the message into its ring of that inbox (one of
 more than :data:`~minidist.inbox.MESSAGE_BYTES` into this rank's stash, and a record of
 it into the ring) and wakes the receiver only if it sleeps. Everything else, and a
@@ -42,7 +44,7 @@ from .engine import tag_name
 from .errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError
 from .fast_routes import Routes
 from .fast_takes import Takes
-from .fastpath import SLICE, Patience
+from .fastpath import IDLE_SLICE, SLICE, Patience
 from .group import Group
 from .inbox import MESSAGE_BYTES, Inbox, Outbox, Stash
 from .plan import P2P, P2P_TAG_LIMIT
@@ -261,6 +263,7 @@ class FastP2P:
         inbox.set_open(True)
         early = self.mailbox.early
         spun = False
+        nap = SLICE
         while True:
             seen = inbox.bell()
             got = early.pop(key, None) if early else None
@@ -289,7 +292,9 @@ class FastP2P:
                     continue
             inbox.will_sleep()
             if inbox.bell() == seen and not inbox.waiting(ring) and key not in early:
-                inbox.sleep(seen, min(SLICE, deadline - now))
+                inbox.sleep(seen, min(nap, deadline - now))
+                # nothing rang (news of a message or a peer rings the bell): sleep longer
+                nap = min(nap * 2, IDLE_SLICE) if inbox.bell() == seen else SLICE
 
     def receive_numbered(self, p: P2P, inbox: Inbox, src: int):
         """In the inbox: receive ``p``, already numbered, from ``src`` (as :meth:`recv`

@@ -76,7 +76,8 @@ overwrites what another still reads.
 Every wait is bounded as in :mod:`minidist.fastpath`: a short spin or yield while the
 group fits the cores, then futex sleeps of at most 0.1 s between which the call's
 deadline, ranks that died or left, an abort of the group and the rendezvous are
-checked; after 1 s the call is reported to the rendezvous (the stall check). Idle
+checked; after 1 s the call is reported to the rendezvous (the stall check), and from
+then on the sleeps grow to 1 s (a rank that dies wakes the sleepers at once). Idle
 waiters sleep.
 """
 
@@ -94,6 +95,7 @@ from .fast_area import HEADER, area_bytes, piece_bytes, pieces_at
 from .fastpath import (
     ARRIVED,
     DIFFERS,
+    IDLE_SLICE,
     RELEASE,
     SLEEPING_RELEASE,
     SLICE,
@@ -431,7 +433,7 @@ class Rooted:
             patience.fit(self.size, quiet=os.getloadavg()[0] < patience.cores)
         if patience.wait(lambda: words[word] == want, now):
             return
-        start, reported, checked = now, False, 0.0
+        start, reported, checked, nap = now, False, 0.0, SLICE
         addr = self.base + word * 4
         while True:
             seen = words[word]
@@ -441,7 +443,7 @@ class Rooted:
             if now - checked < CHECK_EVERY:  # woken by progress (a count that grew)
                 if flag is not None:
                     words[flag] = number
-                futex_wait(addr, seen, min(SLICE, deadline - now))
+                futex_wait(addr, seen, min(nap, deadline - now))
                 continue
             checked = now
             err = hooks.broken(call)
@@ -458,9 +460,11 @@ class Rooted:
             if not reported and now - start >= STALL_REPORT:
                 reported = True
                 hooks.stalled(call)
+            elif reported:  # a long wait (workers waiting for their learner): look less
+                nap = min(nap * 2, IDLE_SLICE)  # often; a lost peer wakes it at once
             if flag is not None:
                 words[flag] = number  # then the kernel's lock, then its look at the word
-            futex_wait(addr, seen, min(SLICE, deadline - now))
+            futex_wait(addr, seen, min(nap, deadline - now))
 
     def _missing(self, parity: int, number: int, releaser: int | None) -> list[int]:
         """The group ranks this call still waits for: those whose number is not the

@@ -175,6 +175,7 @@ SPIN_SECONDS = 50e-6  # how long a waiter spins when the group fits the cores
 YIELD_SECONDS = 200e-6  # how long it yields its core when the group does not
 YIELD_RANKS_PER_CORE = 4  # more than this many ranks per core: sleep at once
 SLICE = 0.1  # seconds a waiter sleeps at most between checks
+IDLE_SLICE = 1.0  # ... once it waited past the stall report (rooted calls, messages)
 STALL_REPORT = 1.0
 _SIG = struct.Struct("<iiiiqqI")  # kind, dtype, op, root, count, seq, shape
 _WHERE = struct.Struct("<qqq")  # a rank that is read: its pid, its vector, its result

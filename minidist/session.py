@@ -120,6 +120,8 @@ class Session:
         engine.attach(self.endpoint, self.client)
         self.client.on_back = self.elastic.rank_back
         self.client.on_lost = self._peer_lost
+        self.client.on_left = self._peers_left
+        self.client.on_abort = self._abort_received
         await self.endpoint.start()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
@@ -154,6 +156,19 @@ class Session:
         """The rendezvous says ``rank`` died: the loop's calls fail at once, and the
         fast calls sleeping on this rank's threads look again now."""
         self.engine.peer_lost(rank, reason)
+        if self.plan.fast:
+            fastpath.wake_sleepers()
+
+    def _peers_left(self, ranks: list[int]) -> None:
+        """``ranks`` left the job: as :meth:`_peer_lost`."""
+        self.engine.peers_left(ranks)
+        if self.plan.fast:
+            fastpath.wake_sleepers()
+
+    def _abort_received(self, m: Any) -> None:
+        """A call of a group failed on another rank: the group's calls here fail, and
+        the fast calls sleeping on this rank's threads look again now."""
+        self.engine.abort_received(m)
         if self.plan.fast:
             fastpath.wake_sleepers()
 
