@@ -45,38 +45,67 @@ class Route:
         self.dtype_code = dtype_code(dtype)
 
 
-class Routes:
+class Remembered:
+    """Messages planned once, by peer and tag (:class:`Routes` for sends,
+    :class:`minidist.fast_takes.Takes` for receives): ``kinds`` the kind of the last
+    message that went through a ring with that peer and tag, ``made`` what was made of
+    it for the next ones of that kind (each kept for at most ROUTES keys)."""
+
+    def __init__(self) -> None:
+        self.kinds: dict[tuple[int, int], tuple] = {}  # (group, dtype, size, shape digest)
+        self.made: dict[tuple[int, int], Any] = {}
+
+    def went(self, p: P2P) -> None:
+        """Message ``p`` (an array, into or from a C-contiguous buffer) went whole
+        through the ring of its peer ``p.peer``: remember its kind."""
+        kinds = self.kinds
+        if len(kinds) >= ROUTES:
+            kinds.clear()
+        kinds[(p.peer, p.tag)] = (p.group, p.flat.dtype, p.flat.size, p.shape)
+
+    def like(self, array: object, peer: int, tag: int, g: object) -> int | None:
+        """The shape digest of the last message with ``peer`` and ``tag`` if
+        ``array`` is a C-contiguous numpy array of its kind on group ``g``; else None."""
+        last = self.kinds.get((peer, tag))
+        if last is None or type(array) is not np.ndarray or not array.flags.c_contiguous:
+            return None
+        group, dtype, size, digest = last
+        if group is not g or array.dtype != dtype or array.size != size or \
+                wire.shape_digest(array.shape) != digest:
+            return None
+        return digest
+
+    def make(self, peer: int, tag: int, made: object) -> None:
+        """Use ``made`` for the next messages with ``peer`` and ``tag``."""
+        if len(self.made) >= ROUTES:
+            self.made.clear()
+        self.made[(peer, tag)] = made
+
+    def forget(self, rank: int) -> None:
+        """``rank`` is a new process (its inbox and its ring here are others); a
+        sender's :class:`Routes` calls it under its send lock."""
+        for table in (self.made, self.kinds):
+            for key in [k for k in table if k[0] == rank]:
+                del table[key]
+
+    def clear(self) -> None:
+        self.made.clear()
+        self.kinds.clear()
+
+
+class Routes(Remembered):
     """One rank's remembered sends. ``lock`` and ``outboxes`` are the inboxes' writers'
     (:class:`minidist.fast_p2p.FastP2P`'s send lock and mapped inboxes by receiver);
     ``doorbell(group, dst, loop)`` tells a receiver whose inbox closed to look."""
 
     def __init__(self, session: Any, lock: threading.Lock, outboxes: dict[int, Outbox],
                  doorbell: Callable[[Group, int, asyncio.AbstractEventLoop], None]) -> None:
+        super().__init__()
         self.plan = session.plan
         self.engine = session.engine
         self.rank = session.rank
         self.lock, self.outboxes, self.doorbell = lock, outboxes, doorbell
-        self.routes: dict[tuple[int, int], Route] = {}
-        self.kinds: dict[tuple[int, int], tuple] = {}  # the last message's, by (dst, tag)
         self.sent = 0  # messages sent by a route
-
-    def went(self, p: P2P) -> None:
-        """Message ``p`` (an array, planned and checked) went through its receiver's
-        ring: remember its kind."""
-        kinds = self.kinds
-        if len(kinds) >= ROUTES:
-            kinds.clear()
-        kinds[(p.peer, p.tag)] = (p.group, p.flat.dtype, p.flat.size, p.shape)
-
-    def forget(self, rank: int) -> None:
-        """Under the lock: ``rank`` is a new process (its inbox is another)."""
-        for table in (self.routes, self.kinds):
-            for key in [k for k in table if k[0] == rank]:
-                del table[key]
-
-    def clear(self) -> None:
-        self.routes.clear()
-        self.kinds.clear()
 
     def send_again(self, array: object, dst: int, tag: int, group: object,
                    loop: asyncio.AbstractEventLoop) -> bool | P2P | None:
@@ -86,7 +115,7 @@ class Routes:
         any message does); None if it has no route (nothing was done: the general path
         plans it, and the next one of its kind takes the route)."""
         try:
-            r = self.routes.get((dst, tag))
+            r = self.made.get((dst, tag))
         except TypeError:  # not a rank or not a tag: the general path says so
             return None
         g = self.plan.default if group is None else group
@@ -115,16 +144,7 @@ class Routes:
     def _learn(self, array: object, dst: int, tag: int, g: object) -> None:
         """A route to ``dst`` with ``tag`` if ``array`` is of the kind of the last
         message that went there through its ring."""
-        last = self.kinds.get((dst, tag))
-        if last is None or type(array) is not np.ndarray or not array.flags.c_contiguous:
-            return
-        group, dtype, size, digest = last
-        if group is not g or array.dtype != dtype or array.size != size or \
-                wire.shape_digest(array.shape) != digest:
-            return
+        digest = self.like(array, dst, tag, g)
         out = self.outboxes.get(dst)
-        if out is None:
-            return
-        if len(self.routes) >= ROUTES:
-            self.routes.clear()
-        self.routes[(dst, tag)] = Route(g, array.dtype, array.shape, digest, out)
+        if digest is not None and out is not None:
+            self.make(dst, tag, Route(g, array.dtype, array.shape, digest, out))

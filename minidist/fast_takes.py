@@ -27,13 +27,12 @@ from typing import Any
 import numpy as np
 
 from . import wire
-from .fastpath import SLICE, fence, futex_wait
+from .fast_routes import Remembered
+from .fastpath import SLICE
 from .group import Group
-from .inbox import BELL_WORD, MESSAGE_BYTES, OPEN_WORD, SLEEPING_WORD
+from .inbox import MESSAGE_BYTES
 from .ops import dtype_code
 from .plan import P2P
-
-TAKES = 1024  # remembered kinds and takes (by sender and tag) before they are dropped
 
 
 class Take:
@@ -41,7 +40,7 @@ class Take:
     ring lies in this rank's inbox ``inbox``."""
 
     __slots__ = ("group", "dtype", "dtype_code", "shape", "digest", "size", "nbytes",
-                 "inbox", "ring", "head", "tail")
+                 "inbox", "ring")
 
     def __init__(self, group: Group, dtype: np.dtype, shape: tuple, digest: int,
                  inbox: Any, ring: int) -> None:
@@ -50,39 +49,19 @@ class Take:
         self.size = int(np.prod(shape, dtype=np.int64))
         self.nbytes = self.size * dtype.itemsize
         self.inbox, self.ring = inbox, ring
-        self.head, self.tail = inbox.ring_words(ring)
 
 
-class Takes:
+class Takes(Remembered):
     """One rank's remembered receives, taken from its inbox by ``p2p`` (its
     :class:`minidist.fast_p2p.FastP2P`)."""
 
     def __init__(self, p2p: Any) -> None:
+        super().__init__()
         self.p2p = p2p
         self.plan = p2p.session.plan
         self.engine = p2p.engine
         self.mailbox = p2p.mailbox
-        self.takes: dict[tuple[int, int], Take] = {}
-        self.kinds: dict[tuple[int, int], tuple] = {}  # the last message's, by (src, tag)
         self.taken = 0  # messages taken by a remembered receive
-
-    def went(self, p: P2P) -> None:
-        """Receive ``p`` (into a C-contiguous array) took its message whole from its
-        sender's ring: remember its kind."""
-        kinds = self.kinds
-        if len(kinds) >= TAKES:
-            kinds.clear()
-        kinds[(p.peer, p.tag)] = (p.group, p.flat.dtype, p.flat.size, p.shape)
-
-    def forget(self, rank: int) -> None:
-        """``rank`` is a new process (its ring holds another sender's messages)."""
-        for table in (self.takes, self.kinds):
-            for key in [k for k in table if k[0] == rank]:
-                table.pop(key, None)
-
-    def clear(self) -> None:
-        self.takes.clear()
-        self.kinds.clear()
 
     def recv_again(self, array: object, src: int, tag: int, group: object,
                    loop: asyncio.AbstractEventLoop) -> bool:
@@ -92,7 +71,7 @@ class Takes:
         if it has none (nothing was done: the general path plans it, and the next one
         of its kind is remembered)."""
         try:
-            t = self.takes.get((src, tag))
+            t = self.made.get((src, tag))
         except TypeError:  # not a rank or not a tag: the general path says so
             return False
         g = self.plan.default if group is None else group
@@ -120,13 +99,11 @@ class Takes:
         seq = e.next_p2p_seq(g, src, tag, False)
         expected = wire.encode_p2p(t.dtype_code, 0, g.id, seq, src, tag, t.digest, t.size,
                                    t.nbytes)
-        ints, ring, into = inbox.ints, t.ring, memoryview(array).cast("B")
-        head_at, tail_at = t.head, t.tail
-        drain_lock = p2p.drain_lock
-        ints[OPEN_WORD] = 1
+        ring, into, drain_lock = t.ring, memoryview(array).cast("B"), p2p.drain_lock
+        inbox.set_open(True)
         for sleep in (True, False):
-            seen = ints[BELL_WORD]
-            if ints[tail_at] != ints[head_at]:
+            seen = inbox.bell()
+            if inbox.waiting(ring):
                 with drain_lock:  # (the loop may move the rings' records meanwhile)
                     took = p2p.inbox is inbox and inbox.take_if(ring, expected, into)
                 if not took:
@@ -136,28 +113,19 @@ class Takes:
             if not sleep or mailbox.early or e.rendezvous_lost is not None or \
                     mailbox.is_dead(src) is not None or not p2p.sleeps_at_once():
                 break
-            ints[SLEEPING_WORD] = 1
-            fence()
-            if ints[BELL_WORD] == seen and ints[tail_at] == ints[head_at]:
-                futex_wait(inbox.base + 4 * BELL_WORD, seen, SLICE)
-            ints[SLEEPING_WORD] = 0
+            inbox.will_sleep()  # as the general receive sleeps
+            if inbox.bell() == seen and not inbox.waiting(ring):
+                inbox.sleep(seen, SLICE)
         p = P2P(g, src, tag, seq, array.reshape(-1), t.digest, False)
         return p2p.receive_numbered(p, inbox, src)
 
     def _learn(self, array: object, src: int, tag: int, g: object) -> None:
         """A remembered receive from ``src`` with ``tag`` if ``array`` is of the kind of
-        the last message taken from its ring."""
-        last = self.kinds.get((src, tag))
-        if last is None or type(array) is not np.ndarray or not array.flags.c_contiguous:
-            return
-        group, dtype, size, digest = last
-        if group is not g or array.dtype != dtype or array.size != size or \
-                array.nbytes > MESSAGE_BYTES or wire.shape_digest(array.shape) != digest:
-            return
+        the last message taken whole from its ring, and fits a record."""
+        digest = self.like(array, src, tag, g)
         p2p = self.p2p
         ring = p2p.ring_of.get(src)
-        if p2p.inbox is None or ring is None:
+        if digest is None or array.nbytes > MESSAGE_BYTES or p2p.inbox is None or \
+                ring is None:
             return
-        if len(self.takes) >= TAKES:
-            self.takes.clear()
-        self.takes[(src, tag)] = Take(g, array.dtype, array.shape, digest, p2p.inbox, ring)
+        self.make(src, tag, Take(g, array.dtype, array.shape, digest, p2p.inbox, ring))

@@ -150,9 +150,9 @@ def _took(engine, m: Many, src: int, seq: int) -> None:
     engine.p2p_seqs[(m.group.id, src, m.tag, False)] = seq + 1
 
 
-def _took_whole(engine, m: Many, header: bytes, src: int, seq: int) -> None:
-    """Message ``seq`` from ``src`` (its header bytes ``header``, its payload already in
-    the next row) becomes the next one taken."""
+def _took_whole(engine, m: Many, header: wire.Header | bytes, src: int, seq: int) -> None:
+    """Message ``seq`` from ``src`` (its header, or its header's bytes; its payload
+    already in the next row) becomes the next one taken."""
     i = len(m.taken)
     item = m.items[i]
     _took(engine, m, src, seq)
@@ -166,23 +166,19 @@ def _fill(engine, m: Many, h: wire.Header, payload, into_done: bool) -> None:
     """Message ``h`` becomes the next one taken (its payload already in place if
     ``into_done``); CollectiveMismatchError (after giving back the others) if it does
     not fit."""
-    i = len(m.taken)
-    item = m.items[i]
-    _took(engine, m, h.src, h.seq)
     if not into_done:
+        item = m.items[len(m.taken)]
         err = engine.p2p_check(item, h)
         if err is None and len(payload) != item.flat.nbytes:
             err = CollectiveMismatchError(
                 f"recv_many on rank {engine.rank} from rank {h.src}: a message of "
                 f"{len(payload)} bytes for a {item.flat.nbytes}-byte row")
         if err is not None:
+            _took(engine, m, h.src, h.seq)  # (its number is used up)
             m.dropped = (h.src, h.seq)
             raise err
         item.flat.view(np.uint8)[:] = np.frombuffer(payload, np.uint8)
-    if item.user is not None:
-        np.copyto(item.user, item.flat.reshape(item.user.shape))
-    m.senders[i] = h.src
-    m.taken.append((h, None))
+    _took_whole(engine, m, h, h.src, h.seq)
 
 
 def take_early(engine, mailbox, m: Many) -> None:

@@ -74,7 +74,6 @@ STASH_MAGIC = 0x68_73_61_74_73_64_6D_31  # "1mdstash"
 STASH_STEP = 1 << 20  # a stash's pages are reserved this many bytes at a time
 _DESC = struct.Struct("<qqq")  # a stash record's payload: pid, offset, nbytes
 _OPEN, _BELL, _SLEEPING, _MAGIC, _RINGS = 0, 4, 8, 16, 24
-OPEN_WORD, BELL_WORD, SLEEPING_WORD = _OPEN // 4, _BELL // 4, _SLEEPING // 4  # in ints
 _HEAD, _TAIL = 0, 32
 _WRAP = 0x7FFFFFFF
 
@@ -196,22 +195,18 @@ class Inbox:
         which says that its payload is ``into.nbytes`` bytes (at most
         :data:`MESSAGE_BYTES`) in the record itself: copy the payload into ``into`` (a
         byte view) and remove the record (True); else change nothing (False)."""
-        ints, mv = self.ints, self.mv
-        h = self._head_at[ring]
-        head = ints[h]
-        if ints[self._tail_at[ring]] == head:
-            return False
-        at = HEADER + ring * RING + 64 + (head % RING_SLOTS) * RECORD
-        if mv[at:at + HEADER] != header:
+        at = self._record(ring)
+        mv = self.mv
+        if at is None or mv[at:at + HEADER] != header:
             return False
         into[:] = mv[at + HEADER:at + HEADER + into.nbytes]
-        ints[h] = (head + 1) & _WRAP  # after the copy
+        self._advance(ring)  # after the copy
         return True
 
-    def ring_words(self, ring: int) -> tuple[int, int]:
-        """The int32 words (indices into :attr:`ints`) that hold ring ``ring``'s head
-        (records taken) and tail (records written)."""
-        return self._head_at[ring], self._tail_at[ring]
+    def _advance(self, ring: int) -> None:
+        """Remove ring ``ring``'s oldest record (after its last load)."""
+        ints, h = self.ints, self._head_at[ring]
+        ints[h] = (ints[h] + 1) & _WRAP
 
     def close(self) -> None:
         """Close the inbox to senders, remove its name and unmap it (and the stashes)."""
@@ -236,7 +231,7 @@ class Inbox:
         return bool(self.words[_OPEN // 4])
 
     def bell(self) -> int:
-        return int(self.words[_BELL // 4])
+        return self.ints[_BELL // 4]
 
     def ring_bell(self) -> None:
         """Change BELL and wake its sleepers (from this process: a socket's message
@@ -257,7 +252,8 @@ class Inbox:
 
     def waiting(self, ring: int) -> bool:
         """Whether ring ``ring`` holds a record not taken yet."""
-        return self.words[self._tails[ring]] != self.words[self._heads[ring]]
+        ints = self.ints
+        return ints[self._tail_at[ring]] != ints[self._head_at[ring]]
 
     def nonempty(self) -> np.ndarray:
         """The indices of the rings that hold records not taken yet."""
@@ -266,9 +262,9 @@ class Inbox:
 
     def _record(self, ring: int) -> int | None:
         """Where the oldest record of ring ``ring`` starts; None if it is empty."""
-        w = self.words
-        head = int(w[self._heads[ring]])
-        if w[self._tails[ring]] == head:
+        ints = self.ints
+        head = ints[self._head_at[ring]]
+        if ints[self._tail_at[ring]] == head:
             return None
         return HEADER + ring * RING + 64 + (head % RING_SLOTS) * RECORD
 
@@ -293,8 +289,7 @@ class Inbox:
                                     nbytes, into)
         else:
             payload = _copy_out(self.mem[at + HEADER:at + HEADER + nbytes], into)
-        w = self.words
-        w[self._heads[ring]] = (int(w[self._heads[ring]]) + 1) & _WRAP  # after the copy
+        self._advance(ring)  # after the copy
         return header, payload
 
     def _unstash(self, ring: int, desc: np.ndarray, nbytes: int,

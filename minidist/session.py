@@ -109,9 +109,12 @@ class Session:
             self.agent = NodeAgent(cfg.secret, cfg.master_addr, cfg.port, port=cfg.port)
             await self.agent.start(timeout=self.timeout)
         engine = self.engine
-        self.client = RendezvousClient(cfg.secret, engine.peer_lost, engine.abort_received,
+        # news of ranks lost or gone and of aborts also wakes this rank's sleeping fast
+        # calls, which then look again now, not at the end of their sleep
+        self.client = RendezvousClient(cfg.secret, self._waking(engine.peer_lost),
+                                       self._waking(engine.abort_received),
                                        lambda gid: engine.entered.get(gid, 0),
-                                       engine.peers_left)
+                                       self._waking(engine.peers_left))
         if cfg.launcher != "minidist" and cfg.local_world_size == cfg.world_size:
             engine.rendezvous_host = 0  # rank 0's process hosts it (else a launcher)
         self.endpoint = Endpoint(addresses.job_key(cfg.secret), cfg.rank, cfg.secret,
@@ -119,9 +122,6 @@ class Session:
                                  connect_timeout=self.timeout)
         engine.attach(self.endpoint, self.client)
         self.client.on_back = self.elastic.rank_back
-        self.client.on_lost = self._peer_lost
-        self.client.on_left = self._peers_left
-        self.client.on_abort = self._abort_received
         await self.endpoint.start()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
@@ -152,25 +152,14 @@ class Session:
         if self.plan.fast and nodes.count(me) > 1 and not self.elastic.incarnation:
             self.p2p = FastP2P(self)  # (a restarted rank's messages go through sockets)
 
-    def _peer_lost(self, rank: int, reason: str) -> None:
-        """The rendezvous says ``rank`` died: the loop's calls fail at once, and the
-        fast calls sleeping on this rank's threads look again now."""
-        self.engine.peer_lost(rank, reason)
-        if self.plan.fast:
-            fastpath.wake_sleepers()
-
-    def _peers_left(self, ranks: list[int]) -> None:
-        """``ranks`` left the job: as :meth:`_peer_lost`."""
-        self.engine.peers_left(ranks)
-        if self.plan.fast:
-            fastpath.wake_sleepers()
-
-    def _abort_received(self, m: Any) -> None:
-        """A call of a group failed on another rank: the group's calls here fail, and
-        the fast calls sleeping on this rank's threads look again now."""
-        self.engine.abort_received(m)
-        if self.plan.fast:
-            fastpath.wake_sleepers()
+    def _waking(self, news: Callable[..., None]) -> Callable[..., None]:
+        """``news`` (the engine's handler of a rank lost or gone, or of an abort), then
+        a wake-up of the fast calls sleeping on this rank's threads."""
+        def handle(*args: Any) -> None:
+            news(*args)
+            if self.plan.fast:
+                fastpath.wake_sleepers()
+        return handle
 
     def _read_key(self) -> str | None:
         """What a peer must share with this rank to read its vectors (None: no peer

@@ -49,22 +49,15 @@ def test_receives_like_the_last_one_stay_exact_and_leave_every_other_case_alone(
     assert "REPEAT RECVS OK" in job.out
 
 
-def test_a_killed_sender_fails_every_remembered_receive_within_seconds():
-    with Job(9, SCRIPTS / "repeat_recvs.py", "kill") as job:
+@pytest.mark.parametrize("what", ["kill", "leave"])
+def test_a_sender_killed_or_leaving_fails_every_remembered_receive_within_seconds(what):
+    with Job(9, SCRIPTS / "repeat_recvs.py", what) as job:
         job.wait(90)
     lost = [line for line in job.out.splitlines() if "LOST" in line]
     assert len(lost) == 8, job.out[-2000:] + job.err[-2000:]
-    assert all("LOST [0]" in line and float(line.split()[-1]) < 10 for line in lost), \
+    want = f"LOST [0] left={what == 'leave'} "
+    assert all(want in line and float(line.split()[-1]) < 10 for line in lost), \
         "\n".join(lost)
-
-
-def test_a_sender_that_leaves_fails_every_remembered_receive_within_seconds():
-    with Job(9, SCRIPTS / "repeat_recvs.py", "leave") as job:
-        job.wait(90)
-    left = [line for line in job.out.splitlines() if "LEFT" in line]
-    assert len(left) == 8, job.out[-2000:] + job.err[-2000:]
-    assert all("LEFT [0] True " in line and float(line.split()[-1]) < 10
-               for line in left), "\n".join(left)
 
 
 def test_remembered_receives_stay_exact_while_their_sender_is_stopped():

@@ -12,11 +12,9 @@ came through the socket), receives from any rank, bad arguments (they raise and 
 nothing). Every rank checks that its remembered receives took messages. Prints
 "REPEAT RECVS OK" on rank 0.
 
-``kill``: after 100 steps, rank 0 SIGKILLs itself while every worker sleeps in its
-remembered receive; each worker prints "LOST <ranks> <seconds>" and exits 3.
-
-``leave``: the same, but rank 0 leaves (destroy, then a normal exit); each worker
-prints "LEFT <ranks> <left> <seconds>" and exits 3.
+``kill`` / ``leave``: after 105 steps, rank 0 SIGKILLs itself (or leaves: destroy, then
+a normal exit) while every worker sleeps in its remembered receive; each worker prints
+"LOST <ranks> left=<left> <seconds>" and exits 3.
 
 ``stop``: rank 1 stops rank 0 (SIGSTOP) for 1.5 s twice during 600 steps, while the
 workers wait in their remembered receives; every value is checked after SIGCONT.
@@ -45,11 +43,9 @@ def taken() -> int:
     return STATE.blocking._session.p2p.takes.taken
 
 
-def steps(count: int, first: int = 0, die_at: int = -1) -> None:
+def steps(count: int, first: int = 0) -> None:
     for step in range(first, first + count):
         if rank == 0:
-            if step == die_at:
-                os.kill(os.getpid(), signal.SIGKILL)
             for w in range(1, n):
                 minidist.send(np.array([step * 100 + w], np.int64), w)
             if step % 7 == 3:
@@ -63,19 +59,19 @@ def steps(count: int, first: int = 0, die_at: int = -1) -> None:
             minidist.send(np.full(16, act[0] + 0.5, np.float32), 0, tag=1)
 
 
-if what == "leave":
-    steps(100)
-    if rank == 0:
-        steps(5, 100)
+if what in ("kill", "leave"):
+    steps(105)
+    if rank == 0:  # while the workers wait for step 105
+        if what == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
         minidist.destroy()
         sys.exit(0)
-    steps(5, 100)
     t0 = time.monotonic()
     try:
         steps(10, 105)
         print("NO ERROR", flush=True)
     except minidist.PeerLostError as e:
-        print(f"LEFT {list(e.ranks)} {e.left} {time.monotonic() - t0:.1f}", flush=True)
+        print(f"LOST {list(e.ranks)} left={e.left} {time.monotonic() - t0:.1f}", flush=True)
         time.sleep(3)  # the other workers raise meanwhile (before this one's exit)
         os._exit(3)
     sys.exit(1)
@@ -103,20 +99,6 @@ if what == "stop":
         print("STOPPED OK", flush=True)
     minidist.destroy()
     sys.exit(0)
-
-if what == "kill":
-    steps(100)
-    if rank == 0:
-        steps(10, 100, die_at=105)
-    t0 = time.monotonic()
-    try:
-        steps(10, 100)
-        print("NO ERROR", flush=True)
-    except minidist.PeerLostError as e:
-        print(f"LOST {list(e.ranks)} {time.monotonic() - t0:.1f}", flush=True)
-        time.sleep(3)  # the other workers raise meanwhile (before this one's exit)
-        os._exit(3)
-    sys.exit(1)
 
 steps(300)
 pair = minidist.new_group([0, 1])
