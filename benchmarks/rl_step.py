@@ -252,9 +252,10 @@ def _torch_loop(dist, a, rank: int) -> None:
         obs_t = torch.from_numpy(env.obs)
         while True:
             dist.scatter(act, None, src=0)
-            if int(act[0]) == STOP:
+            action = int(act)  # a one-element tensor's value, read once
+            if action == STOP:
                 break
-            env.step(int(act[0]))
+            env.step(action)
             dist.gather(obs_t, None, dst=0)
 
 
@@ -291,9 +292,10 @@ def _torch_many(dist, a, rank: int) -> None:
         obs_t = torch.from_numpy(env.obs)
         while True:
             dist.recv(act, 0)
-            if int(act[0]) == STOP:
+            action = int(act)  # a one-element tensor's value, read once
+            if action == STOP:
                 break
-            env.step(int(act[0]))
+            env.step(action)
             dist.send(obs_t, 0)
 
 

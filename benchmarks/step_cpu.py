@@ -4,13 +4,16 @@ every rank's user + system time (``os.times``) over the timed steps, per step.
 
     python -m minidist run -n 9 benchmarks/step_cpu.py --mode scatter
     python -m minidist run -n 33 benchmarks/step_cpu.py --mode firstk -k 8 --vary
+    python -m minidist run -n 9 benchmarks/step_cpu.py --mode scatter --api torch
 
 Prints one JSON line on rank 0: env steps per second, the learner's CPU per env step,
 and the workers' CPU per env step (median and max over workers). On a machine whose
 cores the ranks crowd, a step's throughput is bound by the sum of these; run it from
 two checkouts in turn to compare code (the machine's speed drifts: alternate).
 A worker's env step writes the action into its 256-byte observation, and with
-``--vary`` sleeps uniform 0 - 1 ms (the sleep's own CPU counts too).
+``--vary`` sleeps uniform 0 - 1 ms (the sleep's own CPU counts too). ``--api torch``
+runs the same loop on CPU tensors through ``import minidist.torch as dist``, written as
+a torch user writes it (a list of tensors on the root).
 """
 
 from __future__ import annotations
@@ -40,7 +43,11 @@ def main() -> None:
     p.add_argument("-k", type=int, default=8, help="firstk: observations per learner step")
     p.add_argument("--obs", type=int, default=256, help="observation bytes (>= 8)")
     p.add_argument("--vary", action="store_true", help="workers sleep uniform 0 - 1 ms")
+    p.add_argument("--api", choices=("numpy", "torch"), default="numpy")
     a = p.parse_args()
+    if a.api == "torch":
+        global md
+        md = TorchCalls()
     md.init()
     rank, n = md.get_rank(), md.get_world_size()
     if n < 2:
@@ -64,6 +71,62 @@ def main() -> None:
     md.destroy()
 
 
+class TorchCalls:
+    """The calls this benchmark makes, on CPU tensors through ``minidist.torch``: the
+    arrays become tensors sharing their memory, and the root's scatter and gather
+    lists are lists of one tensor per rank, as torch.distributed takes them."""
+
+    def __init__(self) -> None:
+        import torch
+
+        import minidist
+        import minidist.torch as dist
+
+        self.torch, self.dist, self.all_gather_object = torch, dist, minidist.all_gather_object
+        self.tensors: dict[int, tuple] = {}
+        self.lists: dict[int, list] = {}
+
+    def init(self) -> None:
+        self.dist.init_process_group()
+
+    def destroy(self) -> None:
+        self.dist.destroy_process_group()
+
+    def get_rank(self) -> int:
+        return self.dist.get_rank()
+
+    def get_world_size(self) -> int:
+        return self.dist.get_world_size()
+
+    def _t(self, arr: np.ndarray):
+        got = self.tensors.get(id(arr))
+        if got is None:  # made once: a user's tensor, kept across steps
+            got = self.tensors[id(arr)] = (arr, self.torch.from_numpy(arr))
+        return got[1]
+
+    def _rows(self, arr: np.ndarray) -> list:
+        got = self.lists.get(id(arr))
+        if got is None:  # made once: a user's list of tensors, kept across steps
+            got = self.lists[id(arr)] = [self.torch.from_numpy(row)
+                                         for row in arr.reshape(len(arr), -1)]
+        return got
+
+    def scatter(self, out, ins, src: int) -> None:
+        self.dist.scatter(self._t(out), None if ins is None else self._rows(ins), src=src)
+
+    def gather(self, inp, outs, dst: int) -> None:
+        self.dist.gather(self._t(inp), None if outs is None else self._rows(outs), dst=dst)
+
+    def send(self, arr, dst: int) -> None:
+        self.dist.send(self._t(arr), dst)
+
+    def recv(self, arr, src: int | None = None) -> int:
+        return self.dist.recv(self._t(arr), src)
+
+    def recv_many(self, out) -> np.ndarray:
+        return self.dist.recv_many(self._t(out)).numpy()
+
+
 def learner(a, n: int, act: np.ndarray) -> tuple[int, float, float]:
     """Step until the time is up; (env steps timed, seconds, CPU seconds)."""
     W, B = n - 1, a.obs
@@ -78,6 +141,7 @@ def learner(a, n: int, act: np.ndarray) -> tuple[int, float, float]:
     else:
         acts = np.zeros(n, np.int64)
         obs = np.zeros((n, B), np.uint8)
+        rows = list(obs)  # one view per rank, made once
         mine = np.zeros(B, np.uint8)
     while True:
         now = time.perf_counter()
@@ -96,7 +160,7 @@ def learner(a, n: int, act: np.ndarray) -> tuple[int, float, float]:
             for w in range(1, n):
                 md.send(act, w)
             for w in range(1, n):
-                md.recv(obs[w], w)
+                md.recv(rows[w], w)
             taken = W
         else:
             senders = md.recv_many(got).tolist()

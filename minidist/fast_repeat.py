@@ -104,26 +104,6 @@ def again(door: Any, kind: str, output: object, input: object, root: int,
     return r is not None and r.door is door and r.again(output, input, root, group)
 
 
-def numbered(door: Any, kind: str, output: object, input: object, root: int,
-             group: object) -> tuple[Repeat, tuple] | None:
-    """A scatter's or gather's (``kind``) remembered call and this call numbered as it,
-    to run later by ``Repeat.go`` (the torch adapter numbers calls under its lock and
-    runs them outside it); None if this call is not it again. ``output`` and ``input``
-    are the call's own (a scatter's output, a gather's input; the other on the root)."""
-    r = getattr(_local, kind, None)
-    if r is None or r.door is not door:
-        return None
-    if kind == "scatter":
-        inp = input if r.is_root else None
-        if not r.fits(group, root, output, inp):
-            return None
-        return r, r.number(output, inp)
-    out = output if r.is_root else None
-    if not r.fits(group, root, out, input):
-        return None
-    return r, r.number(out, input)
-
-
 def remember(door: Any, p: Prepared, group: object, output: object,
              input: object) -> None:
     """After the blocking call ``p`` ran to its end: remember it if it is a scatter or

@@ -473,8 +473,8 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor,
 def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
            dst: int | None = None, group: Any = None, async_op: bool = False,
            group_dst: int | None = None) -> Work | None:
-    if not (async_op or gather_list) and group_dst is None and \
-            C.again_sent("gather", tensor, 0 if dst is None else dst, _known(group)):
+    if not async_op and group_dst is None and C.again_sent(
+            "gather", tensor, gather_list, 0 if dst is None else dst, _known(group)):
         return None
     g = _group(group)
     if _skip(g, "gather"):
@@ -491,8 +491,8 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
 def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None,
             src: int | None = None, group: Any = None, async_op: bool = False,
             group_src: int | None = None) -> Work | None:
-    if not async_op and scatter_list is None and group_src is None and \
-            C.again_sent("scatter", tensor, 0 if src is None else src, _known(group)):
+    if not async_op and group_src is None and C.again_sent(
+            "scatter", tensor, scatter_list, 0 if src is None else src, _known(group)):
         return None
     g = _group(group)
     if _skip(g, "scatter"):

@@ -32,13 +32,14 @@ from ._tensors import (
     as_input,
     as_output,
     check_tensor,
+    list_views,
     packed,
     plain_view,
     plain_views,
     same_dtype,
     scratch_like,
 )
-from ._work import DONE, Again, Blocking, Done, Work, run_blocking, torch_worded
+from ._work import DONE, Blocking, Done, Work, run_blocking, torch_worded
 
 # point-to-point tags of minidist's internal space (2**31 and up) used by this adapter
 TAG_COLLECTIVE = P2P_TAG_LIMIT + 0x7410  # all_to_all built on messages
@@ -389,24 +390,44 @@ def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op: Any,
     return Work(_futures(w), post, [out], what)
 
 
-def again_sent(kind: str, t: object, root: int, g: Group | None) -> bool:
-    """A blocking scatter that this rank receives, or gather that it sends (``kind``),
-    of a plain CPU tensor ``t`` on ``g`` (None: the world), run at once if it repeats
-    this thread's last such call (:mod:`minidist.fast_repeat`): numbered under the lock,
-    run outside it (True); False, with nothing done, for any other call, which then
-    takes the general path. An env worker's step is two such calls."""
+def again_sent(kind: str, t: object, ts: object, root: int, g: Group | None) -> bool:
+    """A blocking scatter or gather (``kind``) of a plain CPU tensor ``t`` on ``g``
+    (None: the world), with ``ts`` the root's list of tensors (None elsewhere), run at
+    once if it repeats this thread's last such call (:mod:`minidist.fast_repeat`):
+    numbered under the lock, run outside it (True); False, with nothing done, for any
+    other call, which then takes the general path. An env worker's step is two such
+    calls, and so is its learner's (its lists' views kept, :func:`list_views`)."""
     r = fast_repeat.remembered(kind)
-    if r is None or r.is_root:
+    if r is None or r.door is not md.STATE.blocking:
         return False
     arr = plain_view(t)
     if arr is None:
         return False
+    lv = None
+    if r.is_root:
+        lv = list_views(ts, arr)
+        if lv is None:
+            return False
+        if kind == "scatter":
+            out, inp = arr, lv.packed
+            np.concatenate(lv.views, axis=None, out=inp)
+        else:
+            out, inp = lv.rows, arr
+    elif ts is not None:
+        return False  # the general path says what is wrong
+    else:
+        out, inp = (arr, None) if kind == "scatter" else (None, arr)
     with _order:
-        got = fast_repeat.numbered(r.door, kind, arr if kind == "scatter" else None,
-                                   arr if kind == "gather" else None, root, g)
-    if got is None:
-        return False
-    Again(got, None).wait()
+        if not r.fits(g, root, out, inp):
+            return False
+        job = r.number(out, inp)
+    try:
+        r.go(job)
+    except DistTimeoutError as e:
+        raise torch_worded(e) from e.__cause__
+    if lv is not None and kind == "gather":
+        for v, row in zip(lv.flat, out):
+            v[:] = row
     return True
 
 
@@ -416,19 +437,14 @@ def gather(t: torch.Tensor, outs: Sequence[torch.Tensor] | None, dst: int,
     what = "gather"
     inp = plain_view(t)
     if inp is not None and md.get_rank() == dst:
-        views = plain_views(outs, inp)
+        lv = list_views(outs, inp) if blocking else None
+        views = lv.views if lv is not None else plain_views(outs, inp)
         if views is not None and len(views) == _size(g):  # plain tensors: numpy views
-            arr = np.empty((len(views), inp.size), inp.dtype)
-            again = blocking and fast_repeat.numbered(md.door(), "gather", arr, inp, dst, g)
-            if again:
-                return Again(again, _copy_rows(arr, views))
+            arr = lv.rows if lv is not None else np.empty((len(views), inp.size), inp.dtype)
             item = md.door().plan.prepare_gather(inp, arr, dst, g, None)
             return _issue(item, _copy_rows(arr, views), [list(outs)], what, blocking,
                           (g, arr, inp))
     elif inp is not None:
-        again = blocking and fast_repeat.numbered(md.door(), "gather", None, inp, dst, g)
-        if again:
-            return Again(again, None)
         item = md.door().plan.prepare_gather(inp, None, dst, g, None)
         return _issue(item, None, [], what, blocking, (g, None, inp))
     _gpu_only(what, t, *(outs or []))
@@ -454,13 +470,12 @@ def scatter(t: torch.Tensor, ins: Sequence[torch.Tensor] | None, src: int,
         inp = None
         rooted = md.get_rank() == src
         if rooted:
-            views = plain_views(ins, arr)
+            lv = list_views(ins, arr) if blocking else None
+            views = lv.views if lv is not None else plain_views(ins, arr)
             if views is not None and len(views) == _size(g):
-                inp = np.concatenate(views, axis=None)
+                inp = np.concatenate(views, axis=None,
+                                     out=lv.packed if lv is not None else None)
         if inp is not None or not rooted:
-            again = blocking and fast_repeat.numbered(md.door(), "scatter", arr, inp, src, g)
-            if again:
-                return Again(again, None)
             item = md.door().plan.prepare_scatter(arr, inp, src, g, None)
             return _issue(item, None, [t], what, blocking, (g, arr, inp))
     _gpu_only(what, t, *(ins or []))

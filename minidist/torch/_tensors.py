@@ -10,7 +10,9 @@ as raw bytes of the same width and cannot be reduced.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from operator import attrgetter, is_
 
 import numpy as np
 import torch
@@ -161,9 +163,10 @@ def plain_views(ts: object, like: np.ndarray) -> list[np.ndarray] | None:
 
 
 def forget_views() -> None:
-    """Drop the remembered views (and so the tensors they hold)."""
+    """Drop the remembered views (and so the tensors they hold), lists' too."""
     global _last, _prev
     _last = _prev = _NO_VIEW
+    _lists.clear()
 
 
 def as_output(t: torch.Tensor, what: str, reduce: bool = False) -> tuple[np.ndarray, Post]:
@@ -219,3 +222,74 @@ def same_dtype(what: str, *ts: torch.Tensor) -> None:
     if len(dtypes) > 1:
         raise TypeError(f"{what}: all tensors must have the same dtype, got "
                         f"{sorted(str(d) for d in dtypes)}")
+
+
+_T = torch.Tensor
+_data_ptr, _numel, _contiguous, _conj, _neg = (_T.data_ptr, _T.numel, _T.is_contiguous,
+                                               _T.is_conj, _T.is_neg)
+_PLAIN = {torch.Tensor}
+_dtype_grad = attrgetter("dtype", "requires_grad")
+_lists: dict[int, list] = {}  # per thread: the ListViews it used last, newest first
+KEEP_LISTS = 4  # lists remembered per thread (a learner's scatter and gather lists)
+
+
+class ListViews:
+    """The numpy views of a list of plain CPU tensors (see :func:`plain_views`), kept
+    to be given again for a list whose tensors, in order, have the same memory
+    addresses, numbers of elements and dtypes, are contiguous, plain (``torch.Tensor``,
+    neither the conjugate nor the negative bit set) and do not require grad:
+    the same tensors, or new views of the same memory (``list(batch.unbind())`` every
+    step). The views keep the first tensors, so that memory stays where they point;
+    with ``flat`` (each view as one row) and ``rows``, a scratch array of one row per
+    tensor that a blocking gather lands in (``packed``: the same memory as one row,
+    which a blocking scatter's root packs the tensors into)."""
+
+    __slots__ = ("tensors", "ptrs", "numels", "meta", "views", "flat", "rows", "packed")
+
+    def __init__(self, ts: list | tuple, views: list[np.ndarray]) -> None:
+        self.tensors = tuple(ts)
+        self.ptrs = list(map(_data_ptr, ts))
+        self.numels = list(map(_numel, ts))
+        self.meta = list(map(_dtype_grad, ts))
+        self.views = views
+        self.flat = [v.reshape(-1) for v in views]
+        self.rows = np.empty((len(views), views[0].size if views else 0), views[0].dtype
+                             if views else np.uint8)
+        self.packed = self.rows.reshape(-1)
+
+    def same(self, ts: list | tuple) -> bool:
+        """Whether ``ts`` holds tensors of this list's memory and layout, in order."""
+        try:
+            return (len(ts) == len(self.ptrs)
+                    and (all(map(is_, ts, self.tensors)) or (  # else: new views
+                        set(map(type, ts)) == _PLAIN and not any(map(_conj, ts))
+                        and not any(map(_neg, ts))))
+                    and list(map(_data_ptr, ts)) == self.ptrs
+                    and list(map(_numel, ts)) == self.numels
+                    and all(map(_contiguous, ts))
+                    and list(map(_dtype_grad, ts)) == self.meta)
+        except (TypeError, RuntimeError):
+            return False
+
+
+def list_views(ts: object, like: np.ndarray) -> ListViews | None:
+    """:func:`plain_views` of ``ts``, kept (:class:`ListViews`): a learner scatters
+    from and gathers into the same lists of tensors every step, and checking that they
+    are unchanged costs a third of taking their views again. None where
+    :func:`plain_views` gives None."""
+    if type(ts) is not list and type(ts) is not tuple:
+        return None
+    kept = _lists.get(threading.get_ident())
+    if kept is None:
+        kept = _lists[threading.get_ident()] = []
+    for lv in kept:
+        if lv.views[0].dtype == like.dtype and lv.views[0].size == like.size and \
+                lv.same(ts):
+            return lv
+    views = plain_views(ts, like)
+    if views is None or not views:
+        return None
+    lv = ListViews(ts, views)
+    kept.insert(0, lv)
+    del kept[KEEP_LISTS:]
+    return lv

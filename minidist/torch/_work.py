@@ -320,29 +320,6 @@ class Blocking:
         return True
 
 
-class Again:
-    """:class:`Blocking` for a scatter or gather planned once
-    (:mod:`minidist.fast_repeat`), numbered under the lock: ``again`` is its
-    ``(Repeat, numbered call)``."""
-
-    __slots__ = ("_again", "_post")
-
-    def __init__(self, again: tuple, post: Callable[[], None] | None) -> None:
-        self._again = again
-        self._post = post
-
-    def wait(self, timeout: Any = None) -> bool:
-        """Run the call; raise its error as :meth:`Work.wait` would."""
-        repeat, job = self._again
-        try:
-            repeat.go(job)
-        except DistTimeoutError as e:
-            raise torch_worded(e) from e.__cause__
-        if self._post is not None:
-            self._post()
-        return True
-
-
 def run_blocking(door: Any, item: Any) -> None:
     """Run a prepared call on this thread to its end; its error raises here, worded as
     :meth:`Work.wait` words it."""

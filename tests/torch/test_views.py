@@ -133,3 +133,82 @@ def test_plain_views_refuse_what_the_general_path_must_check(odd):
     if odd == "not a list":
         ts = iter(ts)
     assert _tensors.plain_views(ts, like) is None
+
+
+# ---------------------------------------------------------------- a learner's lists
+
+
+def _lists_write_through(lv, ts) -> None:
+    """The kept views are ts' memory, in order."""
+    assert lv is not None and len(lv.views) == len(ts)
+    for i, (v, t) in enumerate(zip(lv.flat, ts)):
+        v[:] = 10 * i + np.arange(v.size, dtype=v.dtype)
+        assert np.array_equal(t.numpy().reshape(-1), v)
+
+
+def test_a_learners_list_is_viewed_once_and_given_again():
+    like = np.zeros(4, np.float32)
+    ts = [torch.zeros(4) for _ in range(3)]
+    lv = _tensors.list_views(ts, like)
+    _lists_write_through(lv, ts)
+    assert _tensors.list_views(ts, like) is lv
+    assert _tensors.list_views(tuple(ts), like) is lv  # the same tensors in a tuple
+    assert lv.rows.shape == (3, 4) and lv.packed.base is lv.rows
+    # new views of one batch's memory every step (list(batch.unbind())): kept too
+    batch = torch.zeros(3, 4)
+    first = _tensors.list_views(list(batch.unbind()), like)
+    again = list(batch.unbind())
+    assert _tensors.list_views(again, like) is first
+    _lists_write_through(first, again)
+    assert _tensors.list_views(ts, like) is lv  # both lists kept
+
+
+LIST_CHANGES = {  # each makes one tensor of a kept list other memory or not plain
+    "replaced": lambda ts: ts.__setitem__(1, torch.zeros(4)),
+    "set_": lambda ts: ts[1].set_(torch.zeros(4).untyped_storage(), 0, (4,)),
+    "data": lambda ts: setattr(ts[2], "data", torch.zeros(4)),
+    "shrink": lambda ts: ts[0].resize_(2),
+    "data_dtype": lambda ts: setattr(ts[0], "data", ts[0].view(torch.int32)),
+    "as_strided_": lambda ts: ts[1].as_strided_((2,), (2,)),
+    "requires_grad_": lambda ts: ts[2].requires_grad_(True),
+    "reordered": lambda ts: ts.reverse(),
+    "shorter": lambda ts: ts.pop(),
+    "parameter": lambda ts: ts.__setitem__(0, torch.nn.Parameter(ts[0], requires_grad=False)),
+    "negative view": lambda ts: ts.__setitem__(1, torch._neg_view(ts[1])),
+}
+
+
+@pytest.mark.parametrize("change", sorted(LIST_CHANGES))
+def test_a_changed_list_is_viewed_afresh(change):
+    like = np.zeros(4, np.float32)
+    ts = [torch.zeros(4) for _ in range(3)]
+    lv = _tensors.list_views(ts, like)
+    LIST_CHANGES[change](ts)
+    now = _tensors.list_views(ts, like)
+    assert now is not lv
+    if now is not None:  # still plain tensors of 4 float32 each: their own memory
+        _lists_write_through(now, ts)
+    else:
+        assert _tensors.plain_views(ts, like) is None
+
+
+def test_a_conjugate_view_of_a_kept_list_is_viewed_afresh():
+    like = np.zeros(2, np.complex64)
+    ts = [torch.full((2,), 1 + 2j, dtype=torch.complex64) for _ in range(2)]
+    lv = _tensors.list_views(ts, like)
+    assert lv is not None
+    conj = [t.conj() for t in ts]  # the same memory, read conjugated
+    assert _tensors.list_views(conj, like) is None  # numpy() refuses: the general path
+
+
+def test_lists_kept_are_few_and_forgotten():
+    like = np.zeros(1, np.int64)
+    lists = [[torch.zeros(1, dtype=torch.int64)] for _ in range(_tensors.KEEP_LISTS + 1)]
+    ref = weakref.ref(lists[0][0])
+    kept = [_tensors.list_views(ts, like) for ts in lists]
+    assert _tensors.list_views(lists[-1], like) is kept[-1]
+    assert _tensors.list_views(lists[0], like) is not kept[0]  # the oldest was dropped
+    del kept, lists
+    forget_views()
+    gc.collect()
+    assert ref() is None

@@ -44,6 +44,38 @@ if sys.argv[1] == "torch":
         dist.gather(obs, outs, dst=0)
         if rank == 0:
             assert all(bool((o == step + r).all()) for r, o in enumerate(outs))
+    # a learner's own lists, the same every step (their views kept), then new views of
+    # one batch every step; on the way a tensor replaced and one set_ to other memory
+    from minidist.torch import _collectives
+
+    real, hits = _collectives.again_sent, [0]
+
+    def counted(*args):
+        got = real(*args)
+        hits[0] += got
+        return got
+
+    _collectives.again_sent = counted
+    acts = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
+    outs = [torch.zeros(16) for _ in range(n)]
+    batch = torch.zeros(n, 16)
+    for step in range(150):
+        if rank == 0:
+            if step == 40:
+                acts[2] = torch.zeros(1, dtype=torch.int64)
+            if step == 60:
+                outs[1].set_(torch.zeros(16).untyped_storage(), 0, (16,))
+            for r, t in enumerate(acts):
+                t.fill_(step * 7 + r)
+        dist.scatter(act, acts if rank == 0 else None, src=0)
+        assert int(act) == step * 7 + rank, (act, step, rank)
+        obs.fill_(float(step * 3 + rank))
+        into = (list(batch.unbind()) if step >= 100 else outs) if rank == 0 else None
+        dist.gather(obs, into, dst=0)
+        if rank == 0:
+            assert all(bool((o == step * 3 + r).all()) for r, o in enumerate(into)), step
+    _collectives.again_sent = real
+    assert hits[0] >= 290, hits  # 300 calls; the first and the changed ones planned
     # lockstep with send / recv: sends and receives like the last ones planned once
     from minidist.process_state import STATE
 
