@@ -7,7 +7,8 @@ every rank's user + system time (``os.times``) over the timed steps, per step.
     python -m minidist run -n 9 benchmarks/step_cpu.py --mode scatter --api torch
 
 Prints one JSON line on rank 0: env steps per second, the learner's CPU per env step,
-and the workers' CPU per env step (median and max over workers). On a machine whose
+and the workers' CPU per env step (median and max over workers), and their context
+switches per env step (voluntary, involuntary; ``getrusage``). On a machine whose
 cores the ranks crowd, a step's throughput is bound by the sum of these; run it from
 two checkouts in turn to compare code (the machine's speed drifts: alternate).
 A worker's env step writes the action into its 256-byte observation, and with
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import resource
 import statistics
 import time
 
@@ -31,9 +32,10 @@ import minidist as md
 STOP = -1
 
 
-def cpu() -> float:
-    t = os.times()
-    return t.user + t.system
+def usage() -> np.ndarray:
+    """This process's (CPU seconds, voluntary and involuntary context switches)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return np.array([r.ru_utime + r.ru_stime, r.ru_nvcsw, r.ru_nivcsw])
 
 
 def main() -> None:
@@ -59,14 +61,20 @@ def main() -> None:
         report = worker(a, rank, act)
     reports = md.all_gather_object(report)
     if rank == 0:
-        steps, seconds, learner_cpu = reports[0]
-        per_worker = [c / s for s, c in reports[1:] if s]
+        steps, seconds, (learner_cpu, l_vol, l_inv) = reports[0]
+        per_worker = [c[0] / s for s, c in reports[1:] if s]
+        vol = [c[1] / s for s, c in reports[1:] if s]
+        inv = [c[2] / s for s, c in reports[1:] if s]
         print(json.dumps({
             "mode": a.mode, "workers": n - 1, "k": a.k if a.mode == "firstk" else None,
             "vary": a.vary, "env_steps_per_s": round(steps / seconds),
             "learner_cpu_us_per_env_step": round(learner_cpu / steps * 1e6, 1),
             "worker_cpu_us_per_env_step": round(statistics.median(per_worker) * 1e6, 1),
-            "worker_cpu_us_per_env_step_max": round(max(per_worker) * 1e6, 1)}),
+            "worker_cpu_us_per_env_step_max": round(max(per_worker) * 1e6, 1),
+            # context switches per env step (voluntary: it waited; involuntary: preempted)
+            "learner_switches_per_env_step": [round(l_vol / steps, 2), round(l_inv / steps, 2)],
+            "worker_switches_per_env_step": [round(statistics.median(vol), 2),
+                                             round(statistics.median(inv), 2)]}),
             flush=True)
     md.destroy()
 
@@ -127,8 +135,8 @@ class TorchCalls:
         return self.dist.recv_many(self._t(out)).numpy()
 
 
-def learner(a, n: int, act: np.ndarray) -> tuple[int, float, float]:
-    """Step until the time is up; (env steps timed, seconds, CPU seconds)."""
+def learner(a, n: int, act: np.ndarray) -> tuple[int, float, list]:
+    """Step until the time is up; (env steps timed, seconds, :func:`usage` over them)."""
     W, B = n - 1, a.obs
     start = time.perf_counter()
     timed_from = c0 = None
@@ -146,7 +154,7 @@ def learner(a, n: int, act: np.ndarray) -> tuple[int, float, float]:
     while True:
         now = time.perf_counter()
         if timed_from is None and now - start >= 1.0:
-            timed_from, c0 = now, cpu()
+            timed_from, c0 = now, usage()
         elif timed_from is not None and now - timed_from >= a.seconds:
             break
         step += 1
@@ -170,7 +178,7 @@ def learner(a, n: int, act: np.ndarray) -> tuple[int, float, float]:
             taken = a.k
         if timed_from is not None:
             steps += taken
-    seconds, used = time.perf_counter() - timed_from, cpu() - c0
+    seconds, used = time.perf_counter() - timed_from, usage() - c0
     if a.mode == "firstk":
         for _ in range(W):  # every worker has one observation outstanding
             md.recv(got[0])
@@ -181,10 +189,10 @@ def learner(a, n: int, act: np.ndarray) -> tuple[int, float, float]:
     else:
         for w in range(1, n):
             md.send(act, w)
-    return steps, seconds, used
+    return steps, seconds, used.tolist()
 
 
-def worker(a, rank: int, act: np.ndarray) -> tuple[int, float]:
+def worker(a, rank: int, act: np.ndarray) -> tuple[int, list]:
     """Step until told to stop; (env steps, CPU seconds) over those after the first
     second."""
     obs = np.zeros(max(a.obs, 8), np.uint8)[:a.obs]
@@ -200,7 +208,7 @@ def worker(a, rank: int, act: np.ndarray) -> tuple[int, float]:
         if act[0] == STOP:
             break
         if c0 is None and time.perf_counter() - start >= 1.0:
-            c0 = cpu()
+            c0 = usage()
         obs[:8] = act.view(np.uint8)
         if a.vary:
             time.sleep(rng.uniform(0.0, 1e-3))
@@ -210,7 +218,7 @@ def worker(a, rank: int, act: np.ndarray) -> tuple[int, float]:
             md.gather(obs, None, dst=0)
         else:
             md.send(obs, 0)
-    return steps, (cpu() - c0) if c0 is not None else 0.0
+    return steps, (usage() - c0).tolist() if c0 is not None else [0.0, 0, 0]
 
 
 if __name__ == "__main__":
