@@ -231,6 +231,7 @@ _PLAIN = {torch.Tensor}
 _dtype_grad = attrgetter("dtype", "requires_grad")
 _lists: dict[int, list] = {}  # per thread: the ListViews it used last, newest first
 KEEP_LISTS = 4  # lists remembered per thread (a learner's scatter and gather lists)
+KEEP_BYTES = 4 << 20  # ... of at most this many bytes in all (their rows are kept too)
 
 
 class ListViews:
@@ -276,8 +277,10 @@ def list_views(ts: object, like: np.ndarray) -> ListViews | None:
     """:func:`plain_views` of ``ts``, kept (:class:`ListViews`): a learner scatters
     from and gathers into the same lists of tensors every step, and checking that they
     are unchanged costs a third of taking their views again. None where
-    :func:`plain_views` gives None."""
-    if type(ts) is not list and type(ts) is not tuple:
+    :func:`plain_views` gives None, and for lists of more than KEEP_BYTES (large
+    calls, whose views cost little beside their copies, keep no memory here)."""
+    if (type(ts) is not list and type(ts) is not tuple) or \
+            like.nbytes * len(ts) > KEEP_BYTES:
         return None
     kept = _lists.get(threading.get_ident())
     if kept is None:

@@ -212,3 +212,17 @@ def test_lists_kept_are_few_and_forgotten():
     forget_views()
     gc.collect()
     assert ref() is None
+
+
+def test_large_lists_are_not_kept():
+    like = np.zeros(1 << 16, np.float32)  # 256 KiB a tensor
+    n = _tensors.KEEP_BYTES // like.nbytes
+    small = [torch.zeros(1 << 16) for _ in range(n)]
+    assert _tensors.list_views(small, like) is not None  # KEEP_BYTES in all: kept
+    big = [torch.zeros(1 << 16) for _ in range(n + 1)]
+    ref = weakref.ref(big[0])
+    assert _tensors.list_views(big, like) is None
+    assert _tensors.plain_views(big, like) is not None  # the general path's views
+    del big
+    gc.collect()
+    assert ref() is None
