@@ -413,8 +413,8 @@ def again_sent(kind: str, t: object, ts: object, root: int, g: Group | None) -> 
             np.concatenate(lv.views, axis=None, out=inp)
         else:
             out, inp = lv.rows, arr
-    elif ts is not None:
-        return False  # the general path says what is wrong
+    elif ts is not None and (type(ts) not in (list, tuple) or ts):
+        return False  # the general path says what is wrong (an empty list is None)
     else:
         out, inp = (arr, None) if kind == "scatter" else (None, arr)
     with _order:

@@ -70,7 +70,8 @@ if sys.argv[1] == "torch":
         dist.scatter(act, acts if rank == 0 else None, src=0)
         assert int(act) == step * 7 + rank, (act, step, rank)
         obs.fill_(float(step * 3 + rank))
-        into = (list(batch.unbind()) if step >= 100 else outs) if rank == 0 else None
+        # (torch's gather takes an empty list on the other ranks as none)
+        into = (list(batch.unbind()) if step >= 100 else outs) if rank == 0 else []
         dist.gather(obs, into, dst=0)
         if rank == 0:
             assert all(bool((o == step * 3 + r).all()) for r, o in enumerate(into)), step
