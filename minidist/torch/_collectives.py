@@ -32,10 +32,10 @@ from ._tensors import (
     as_input,
     as_output,
     check_tensor,
+    fresh_views,
     list_views,
     packed,
     plain_view,
-    plain_views,
     same_dtype,
     scratch_like,
 )
@@ -127,13 +127,6 @@ def _copy_out(buf: torch.Tensor, outs: Sequence[torch.Tensor]) -> Callable[[], N
     def post() -> None:
         for i, o in enumerate(outs):
             o.detach().copy_(buf[i].reshape(o.shape))
-    return post
-
-
-def _copy_rows(rows: np.ndarray, views: list[np.ndarray]) -> Callable[[], None]:
-    def post() -> None:
-        for v, row in zip(views, rows):
-            v.reshape(-1)[:] = row
     return post
 
 
@@ -409,8 +402,7 @@ def again_sent(kind: str, t: object, ts: object, root: int, g: Group | None) -> 
         if lv is None:
             return False
         if kind == "scatter":
-            out, inp = arr, lv.packed
-            np.concatenate(lv.views, axis=None, out=inp)
+            out, inp = arr, lv.pack()
         else:
             out, inp = lv.rows, arr
     elif ts is not None and (type(ts) not in (list, tuple) or ts):
@@ -426,8 +418,7 @@ def again_sent(kind: str, t: object, ts: object, root: int, g: Group | None) -> 
     except DistTimeoutError as e:
         raise torch_worded(e) from e.__cause__
     if lv is not None and kind == "gather":
-        for v, row in zip(lv.flat, out):
-            v[:] = row
+        lv.land()
     return True
 
 
@@ -437,13 +428,11 @@ def gather(t: torch.Tensor, outs: Sequence[torch.Tensor] | None, dst: int,
     what = "gather"
     inp = plain_view(t)
     if inp is not None and md.get_rank() == dst:
-        lv = list_views(outs, inp) if blocking else None
-        views = lv.views if lv is not None else plain_views(outs, inp)
-        if views is not None and len(views) == _size(g):  # plain tensors: numpy views
-            arr = lv.rows if lv is not None else np.empty((len(views), inp.size), inp.dtype)
-            item = md.door().plan.prepare_gather(inp, arr, dst, g, None)
-            return _issue(item, _copy_rows(arr, views), [list(outs)], what, blocking,
-                          (g, arr, inp))
+        # plain tensors: numpy views (kept for blocking calls, which end before the next)
+        lv = (list_views(outs, inp) if blocking else None) or fresh_views(outs, inp)
+        if lv is not None and len(lv.views) == _size(g):
+            item = md.door().plan.prepare_gather(inp, lv.rows, dst, g, None)
+            return _issue(item, lv.land, [list(outs)], what, blocking, (g, lv.rows, inp))
     elif inp is not None:
         item = md.door().plan.prepare_gather(inp, None, dst, g, None)
         return _issue(item, None, [], what, blocking, (g, None, inp))
@@ -470,11 +459,9 @@ def scatter(t: torch.Tensor, ins: Sequence[torch.Tensor] | None, src: int,
         inp = None
         rooted = md.get_rank() == src
         if rooted:
-            lv = list_views(ins, arr) if blocking else None
-            views = lv.views if lv is not None else plain_views(ins, arr)
-            if views is not None and len(views) == _size(g):
-                inp = np.concatenate(views, axis=None,
-                                     out=lv.packed if lv is not None else None)
+            lv = (list_views(ins, arr) if blocking else None) or fresh_views(ins, arr)
+            if lv is not None and len(lv.views) == _size(g):
+                inp = lv.pack()
         if inp is not None or not rooted:
             item = md.door().plan.prepare_scatter(arr, inp, src, g, None)
             return _issue(item, None, [t], what, blocking, (g, arr, inp))

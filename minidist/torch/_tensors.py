@@ -235,31 +235,38 @@ KEEP_BYTES = 4 << 20  # ... of at most this many bytes in all (their rows are ke
 
 
 class ListViews:
-    """The numpy views of a list of plain CPU tensors (see :func:`plain_views`), kept
-    to be given again for a list whose tensors, in order, have the same memory
-    addresses, numbers of elements and dtypes, are contiguous, plain (``torch.Tensor``,
-    neither the conjugate nor the negative bit set) and do not require grad:
-    the same tensors, or new views of the same memory (``list(batch.unbind())`` every
-    step). The views keep the first tensors, so that memory stays where they point;
-    with ``flat`` (each view as one row) and ``rows``, a scratch array of one row per
-    tensor that a blocking gather lands in (``packed``: the same memory as one row,
-    which a blocking scatter's root packs the tensors into)."""
+    """The numpy views of a list of plain CPU tensors (see :func:`plain_views`), with
+    ``flat`` (each view as one row) and ``rows``, a scratch array of one row per tensor
+    that a gather lands in (:meth:`land` copies it into the tensors; ``packed``: the
+    same memory as one row, which :meth:`pack` packs the tensors into for a scatter's
+    root). Once kept (:meth:`keep`, by :func:`list_views`) they are given again for a
+    list whose tensors, in order, have the same memory addresses, numbers of elements
+    and dtypes, are contiguous, plain (``torch.Tensor``, neither the conjugate nor the
+    negative bit set) and do not require grad: the same tensors, or new views of the
+    same memory (``list(batch.unbind())`` every step). The views keep the first
+    tensors, so that memory stays where they point."""
 
     __slots__ = ("tensors", "ptrs", "numels", "meta", "views", "flat", "rows", "packed")
 
-    def __init__(self, ts: list | tuple, views: list[np.ndarray]) -> None:
+    def __init__(self, views: list[np.ndarray]) -> None:
+        self.views = views
+        self.flat = [v.reshape(-1) for v in views]
+        self.rows = np.empty((len(views), views[0].size), views[0].dtype)
+        self.packed = self.rows.reshape(-1)
+        self.tensors: tuple = ()
+        self.ptrs: list[int] = []
+        self.numels: list[int] = []
+        self.meta: list[tuple] = []
+
+    def keep(self, ts: list | tuple) -> None:
+        """Note what :meth:`same` compares, of the tensors ``ts`` these views are of."""
         self.tensors = tuple(ts)
         self.ptrs = list(map(_data_ptr, ts))
         self.numels = list(map(_numel, ts))
         self.meta = list(map(_dtype_grad, ts))
-        self.views = views
-        self.flat = [v.reshape(-1) for v in views]
-        self.rows = np.empty((len(views), views[0].size if views else 0), views[0].dtype
-                             if views else np.uint8)
-        self.packed = self.rows.reshape(-1)
 
     def same(self, ts: list | tuple) -> bool:
-        """Whether ``ts`` holds tensors of this list's memory and layout, in order."""
+        """Whether ``ts`` holds tensors of this kept list's memory and layout, in order."""
         try:
             return (len(ts) == len(self.ptrs)
                     and (all(map(is_, ts, self.tensors)) or (  # else: new views
@@ -272,13 +279,29 @@ class ListViews:
         except (TypeError, RuntimeError):
             return False
 
+    def pack(self) -> np.ndarray:
+        """The tensors' values one after another (``packed``)."""
+        return np.concatenate(self.views, axis=None, out=self.packed)
+
+    def land(self) -> None:
+        """Copy ``rows`` into the tensors, one row each."""
+        for v, row in zip(self.flat, self.rows):
+            v[:] = row
+
+
+def fresh_views(ts: object, like: np.ndarray) -> ListViews | None:
+    """:func:`plain_views` of ``ts`` as a :class:`ListViews`, not kept; None where
+    that gives None or an empty list."""
+    views = plain_views(ts, like)
+    return ListViews(views) if views else None
+
 
 def list_views(ts: object, like: np.ndarray) -> ListViews | None:
-    """:func:`plain_views` of ``ts``, kept (:class:`ListViews`): a learner scatters
-    from and gathers into the same lists of tensors every step, and checking that they
-    are unchanged costs a third of taking their views again. None where
-    :func:`plain_views` gives None, and for lists of more than KEEP_BYTES (large
-    calls, whose views cost little beside their copies, keep no memory here)."""
+    """:func:`fresh_views` of ``ts``, kept: a learner scatters from and gathers into
+    the same lists of tensors every step, and checking that they are unchanged costs a
+    third of taking their views again. None where :func:`fresh_views` gives None, and
+    for lists of more than KEEP_BYTES (large calls, whose views cost little beside
+    their copies, keep no memory here)."""
     if (type(ts) is not list and type(ts) is not tuple) or \
             like.nbytes * len(ts) > KEEP_BYTES:
         return None
@@ -289,10 +312,10 @@ def list_views(ts: object, like: np.ndarray) -> ListViews | None:
         if lv.views[0].dtype == like.dtype and lv.views[0].size == like.size and \
                 lv.same(ts):
             return lv
-    views = plain_views(ts, like)
-    if views is None or not views:
+    lv = fresh_views(ts, like)
+    if lv is None:
         return None
-    lv = ListViews(ts, views)
+    lv.keep(ts)
     kept.insert(0, lv)
     del kept[KEEP_LISTS:]
     return lv
