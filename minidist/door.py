@@ -25,7 +25,7 @@ import concurrent.futures
 from collections.abc import Coroutine
 from typing import Any
 
-from . import first_k, forkguard
+from . import fast_repeat, first_k, forkguard
 from .errors import DistError
 from .fast_p2p import NOT_TAKEN
 from .group import NON_GROUP_MEMBER, Group
@@ -303,6 +303,7 @@ class Door:
     async def close(self, graceful: bool = True) -> None:
         """Leave the job (on the loop)."""
         forkguard.untrack(self)  # from now on a forked child inherits nothing of it
+        fast_repeat.forget(self)  # its calls planned once let go of its segments
         await self._session.close(graceful=graceful)
 
     def leave(self, graceful: bool = True) -> None:

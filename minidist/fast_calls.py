@@ -68,9 +68,9 @@ class FastCalls:
         self.rank = session.rank
         # read per call, so kept here: the same dict and method as the session's
         self.timeout_of = session.timeout_of
-        self._slots = segments.slots
+        self.slots = segments.slots
         self._fits = segments.fits
-        self._turn: dict[int, int] = {}  # per group: the fast call whose turn it is
+        self.turns: dict[int, int] = {}  # per group: the fast call whose turn it is
         self._cond = threading.Condition(threading.Lock())
         self._waiting = 0  # threads waiting for their fast call's turn
         self._hooks: _FastHooks | None = None
@@ -79,7 +79,7 @@ class FastCalls:
     def blocking(self, p: Prepared, runtime: Runtime) -> None:
         """A fast call from a blocking caller: set up on the loop if needed, then run on
         the caller's thread."""
-        if p.call.group.id not in self._slots:
+        if p.call.group.id not in self.slots:
             try:
                 runtime.call(self.segments.setup(p))
             except DistError as e:
@@ -111,7 +111,6 @@ class FastCalls:
         call = p.call
         g = call.group
         engine = self.engine
-        turns = self._turn
         deadline, hooks = self._begin(call, p.fast, loop)
         try:
             refused = engine.refusal(call, consume=False)
@@ -124,7 +123,7 @@ class FastCalls:
                 src = p.bufs["in"]
             else:
                 src = out[:0]
-            slots = self._slots[g.id]
+            slots = self.slots[g.id]
             if slots is not None and (out.nbytes <= fastpath.SLOT_BYTES and not p.reads
                                       or self._fits(p)):  # (small calls: at once)
                 slots.run(p.fast, call, out, src, p.op, deadline, hooks, p.reads)
@@ -135,31 +134,23 @@ class FastCalls:
             if p.user is not None:
                 np.copyto(p.user, out.reshape(p.user.shape))
         except DistError as e:
-            loop.call_soon_threadsafe(engine.fast_failed, call, e)
+            self.failed(call, e, loop)
             raise
         finally:
-            # the turn is stored before the count of waiters is read, and a waiter counts
-            # itself before it reads the turn: one of them sees the other
-            turns[g.id] = p.fast + p.fast_numbers
-            if self._waiting:
-                with self._cond:
-                    self._cond.notify_all()
+            self.turn_done(g.id, p.fast + p.fast_numbers)
 
     def _begin(self, call, f: int, loop: asyncio.AbstractEventLoop) -> tuple:
         """(deadline, hooks) of fast call ``f`` once it is its turn on its group (an
         earlier call on the group may still run on another thread)."""
         deadline = time.monotonic() + self.timeout_of(call.group)
-        if self._turn.get(call.group.id, 0) != f:
+        if self.turns.get(call.group.id, 0) != f:
             self._wait_turn(call, f, deadline)
-        hooks = self._hooks
-        if hooks is None or hooks.loop is not loop:
-            hooks = self._hooks = _FastHooks(self, loop)
-        return deadline, hooks
+        return deadline, self.hooks(loop)
 
     def _wait_turn(self, call, f: int, deadline: float) -> None:
         """Until it is fast call ``f``'s turn on its group (DistTimeoutError at the
         deadline)."""
-        g, turns = call.group, self._turn
+        g, turns = call.group, self.turns
         with self._cond:
             self._waiting += 1
             try:
@@ -178,29 +169,44 @@ class FastCalls:
         on a group whose segment has its rooted area: the same turn, refusal, deadline
         and error handling, without a :class:`Prepared` (``key``: its signature)."""
         g = call.group
-        engine = self.engine
-        turns = self._turn
         deadline, hooks = self._begin(call, f, loop)
         try:
-            refused = engine.refusal(call, consume=False)
+            refused = self.engine.refusal(call, consume=False)
             if refused is not None:
                 raise refused
-            self._slots[g.id].rooted.run(f, call, out, src, deadline, hooks, key)
+            self.slots[g.id].rooted.run(f, call, out, src, deadline, hooks, key)
         except DistError as e:
-            loop.call_soon_threadsafe(engine.fast_failed, call, e)
+            self.failed(call, e, loop)
             raise
         finally:
-            turns[g.id] = f + 1
-            if self._waiting:
-                with self._cond:
-                    self._cond.notify_all()
+            self.turn_done(g.id, f + 1)
+
+    def hooks(self, loop: asyncio.AbstractEventLoop) -> _FastHooks:
+        """What a fast call of this thread asks the session while it waits."""
+        hooks = self._hooks
+        if hooks is None or hooks.loop is not loop:
+            hooks = self._hooks = _FastHooks(self, loop)
+        return hooks
+
+    def failed(self, call, exc: DistError, loop: asyncio.AbstractEventLoop) -> None:
+        """A fast call failed on this rank: its group is unusable (on the loop)."""
+        loop.call_soon_threadsafe(self.engine.fast_failed, call, exc)
+
+    def turn_done(self, gid: int, turn: int) -> None:
+        """A fast call of group ``gid`` ended: the next one's turn is ``turn``."""
+        # the turn is stored before the count of waiters is read, and a waiter counts
+        # itself before it reads the turn: one of them sees the other
+        self.turns[gid] = turn
+        if self._waiting:
+            with self._cond:
+                self._cond.notify_all()
 
     def repeatable(self, p: Prepared) -> bool:
         """Whether a call like ``p`` (a scatter or gather that ran on the fast path) may
         be planned once and run by :meth:`run_rooted` from now on: its group's segment
         has the rooted area and nothing is traced."""
         return (p.call.kind in fast_rooted.KINDS and self.engine.tracer is None
-                and self._slots.get(p.call.group.id) is not None)
+                and self.slots.get(p.call.group.id) is not None)
 
     def run_traced(self, p: Prepared, loop: asyncio.AbstractEventLoop) -> None:
         """:meth:`run`, recorded as one slice (MINIDIST_TRACE)."""

@@ -2,28 +2,39 @@
 
 An RL learner scatters actions to its env workers and gathers their observations, the
 same two calls with the same arrays, thousands of times a second; on a crowded node
-the Python run per call, not the shared memory, is what such a step costs. After a
-call took the fast path (:mod:`minidist.fast_rooted`) the blocking API remembers it,
-one per kind and thread, as a :class:`Repeat`; the next call with the same group, root,
-dtype and shape (and C-contiguous, writable arrays) is numbered and run through
-:meth:`minidist.fast_calls.FastCalls.run_rooted` at once, without planning, checking
-or preparing it again. The same turns, refusals, deadlines, signature checks and
-errors apply: only the work that would give the same answer again is skipped. Any
-other call takes the general path, which raises what is wrong with it.
+the Python run per call, not the shared memory, is what such a step costs (a rank's
+caches are cold after every switch, so each Python call of a layer costs microseconds).
+After a call took the fast path (:mod:`minidist.fast_rooted`) the blocking API
+remembers it, one per kind and thread, as a :class:`Repeat`; the next call with the
+same group, root, dtype and shape (and C-contiguous, writable arrays) is numbered at
+once and, when nothing is unusual, runs its role of the rooted area
+(:meth:`~minidist.fast_rooted.Rooted.scatter_recv` and the others) straight from here,
+with views of its pieces typed and shaped like the caller's arrays, made once. Anything
+unusual (another call's turn, an error or abort known on this rank, an earlier call that
+ended early, an area still being read, a scatter not yet settled) sends the numbered
+call through :meth:`minidist.fast_calls.FastCalls.run_rooted`, the general run, which
+waits or raises as any fast call does. The same turns, refusals, deadlines, signature
+checks and errors apply: only the work that would give the same answer again is
+skipped. Any other call takes the general path, which raises what is wrong with it.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+import weakref
 from typing import Any
 
 import numpy as np
 
+from .errors import DistError
 from .fast_rooted import signature
 from .prepared import FAST_INDEX, Call, Prepared
 from .wire import Kind
 
 _local = threading.local()
+_all: weakref.WeakSet = weakref.WeakSet()  # every Repeat made, to forget at close
+_GONE = object()  # the door of a Repeat forgotten: no door is it
 
 
 class Repeat:
@@ -31,14 +42,17 @@ class Repeat:
     ``group`` is the caller's group argument (None: the default group, which is checked
     to be the same group again)."""
 
-    __slots__ = ("door", "group", "g", "root", "kind", "dtype", "out_shape", "in_shape",
-                 "code", "count", "digest", "name", "take", "run_rooted", "loop", "planner",
-                 "is_root", "key", "scatter")
+    __slots__ = ("door", "group", "g", "gid", "root", "kind", "dtype", "out_shape",
+                 "in_shape", "code", "count", "digest", "name", "take", "calls", "loop",
+                 "planner", "is_root", "key", "scatter", "fast", "rooted", "heads",
+                 "rows", "mine", "engine", "turns", "timeout", "groot", "hooks", "slots",
+                 "__weakref__")
 
     def __init__(self, door: Any, p: Prepared, group: object, out_shape: tuple | None,
                  in_shape: tuple | None) -> None:
         call = p.call
         self.door, self.group, self.g, self.root = door, group, call.group, call.root
+        self.gid = call.group.id
         self.kind, self.code, self.count = call.kind, call.dtype, call.count
         self.digest, self.name = call.shape, call.algorithm_name
         self.dtype = (p.bufs["in"] if in_shape is not None else p.bufs["out"]).dtype
@@ -46,10 +60,34 @@ class Repeat:
         self.is_root = call.root == door.rank
         self.planner = door.plan
         self.take = door.plan.fast_planner.take
-        self.run_rooted = door.fast_calls.run_rooted
+        self.calls = door.fast_calls
+        self.engine = door.fast_calls.engine
+        self.turns = door.fast_calls.turns  # (read: a call whose turn it is not waits)
+        self.timeout = door.fast_calls.timeout_of
         self.loop = door.runtime.loop
-        self.key = signature(call, call.group.rank_of(call.root))
+        self.hooks = door.fast_calls.hooks(self.loop)
+        self.slots = door.fast_calls.slots  # (this group's entry goes at close)
+        root = call.group.rank_of(call.root)
+        self.key = signature(call, root)
         self.scatter = call.kind == Kind.SCATTER
+        self.fast = self.slots[self.gid]
+        self.rooted = rooted = self.fast.rooted
+        self.groot = root  # the root's group rank
+        self.heads, self.rows, self.mine = self._views(rooted, root)
+        _all.add(self)
+
+    def _views(self, rooted: Any, root: int) -> tuple:
+        """Per parity: (the root's header, this rank's header) offsets, every rank's
+        piece typed ``(size, count)``, and this rank's piece typed and shaped like the
+        caller's array of it."""
+        dt, count = self.dtype, self.count
+        mine_shape = self.out_shape if self.scatter else self.in_shape
+        heads, rows, mine = [], [], []
+        for head, at, r, m in rooted.layout(self.kind, root, count * dt.itemsize):
+            heads.append((head, at))
+            rows.append(r.view(dt).reshape(rooted.size, count))
+            mine.append(m.view(dt).reshape(mine_shape))
+        return heads, rows, mine
 
     def fits(self, group: object, root: int, out: object, inp: object) -> bool:
         """Whether a call with these arguments is this one again."""
@@ -71,17 +109,61 @@ class Repeat:
 
     def number(self, out: np.ndarray | None, inp: np.ndarray | None) -> tuple:
         """The call again, numbered (to run by :meth:`go`, in the order numbered)."""
-        g = self.g
-        f, seq = self.take(g)
-        call = Call(self.kind, g, seq, self.code, 0, FAST_INDEX, self.name, self.root,
-                    self.count, self.digest)
-        return (call, f, out.reshape(-1) if out is not None else inp[:0],
-                inp.reshape(-1) if inp is not None else out[:0])
+        f, seq = self.take(self.g)
+        return f, seq, out, inp
 
     def go(self, job: tuple) -> None:
-        """Run a call numbered by :meth:`number`, on the caller's thread."""
-        call, f, o, i = job
-        self.run_rooted(call, f, o, i, self.loop, self.key)
+        """Run a call numbered by :meth:`number`, on the caller's thread: its role of
+        the rooted area straight away when nothing is unusual, else the general run."""
+        f, seq, out, inp = job
+        rooted = self.rooted
+        parity = f & 1
+        last = rooted.last[parity]
+        if (self.turns.get(self.gid, 0) != f or self.engine.may_refuse()
+                or rooted.gave_up is not None or self.fast.slots.gave_up is not None
+                or (rooted.pending is not None and (self.scatter or not self.is_root))
+                or (last is not None and not rooted.reused(last, self.kind, self.groot))
+                or self.slots.get(self.gid) is not self.fast):
+            self._general(f, seq, out, inp)
+            return
+        call = tuple.__new__(Call, (self.kind, self.g, seq, self.code, 0, FAST_INDEX,
+                                    self.name, self.root, self.count, self.digest))
+        rooted.behind = None
+        rooted.last[parity] = (f, self.kind, self.groot)
+        head, at = self.heads[parity]
+        try:
+            if self.scatter:
+                if self.is_root:
+                    rooted.scatter_root(f, head, self.key, call, self.rows[parity],
+                                        inp.reshape(rooted.size, self.count), out,
+                                        self.mine[parity])
+                else:
+                    rooted.scatter_recv(f, head, at, self.groot, self.key,
+                                        time.monotonic() + self.timeout(self.g),
+                                        self.hooks, call, out, self.mine[parity])
+            elif self.is_root:
+                rooted.gather_root(f, head, self.key, time.monotonic() + self.timeout(self.g),
+                                   self.hooks, call, self.mine[parity], inp,
+                                   out.reshape(rooted.size, self.count), self.rows[parity])
+            else:
+                rooted.gather_send(f, head, at, self.groot, self.key, call, self.mine[parity],
+                                   inp)
+        except BaseException as e:  # whatever ends a call early: this rank is done here
+            rooted.gave_up = e
+            if isinstance(e, DistError):
+                self.calls.failed(call, e, self.loop)
+            raise
+        finally:
+            self.calls.turn_done(self.gid, f + 1)
+
+    def _general(self, f: int, seq: int, out: np.ndarray | None,
+                 inp: np.ndarray | None) -> None:
+        """The numbered call through the general run (it waits or raises)."""
+        o = out.reshape(-1) if out is not None else inp[:0]
+        i = inp.reshape(-1) if inp is not None else out[:0]
+        call = Call(self.kind, self.g, seq, self.code, 0, FAST_INDEX, self.name, self.root,
+                    self.count, self.digest)
+        self.calls.run_rooted(call, f, o, i, self.loop, self.key)
 
     def again(self, output: object, input: object, root: int, group: object) -> bool:
         """Number and run the call (a scatter's or gather's own arrays, as the blocking
@@ -94,6 +176,19 @@ class Repeat:
             return False
         self.go(self.number(out, inp))
         return True
+
+    def drop(self) -> None:
+        """Never run again (its door closed): let go of the segment's views."""
+        self.door = _GONE
+        self.rows = self.mine = self.fast = self.rooted = None
+
+
+def forget(door: Any) -> None:
+    """Forget every call remembered on ``door`` (it is closing): their views of its
+    segments go, so the segments can be unmapped."""
+    for r in list(_all):
+        if r.door is door:
+            r.drop()
 
 
 def again(door: Any, kind: str, output: object, input: object, root: int,

@@ -83,35 +83,29 @@ waiters sleep.
 
 from __future__ import annotations
 
-import os
 import struct
-import time
 
 import numpy as np
 
 from . import fastpath
 from .errors import CollectiveMismatchError, again
 from .fast_area import HEADER, area_bytes, piece_bytes, pieces_at
+from .fast_waits import Waits
 from .fastpath import (
     ARRIVED,
     DIFFERS,
-    IDLE_SLICE,
     RELEASE,
     SLEEPING_RELEASE,
-    SLICE,
-    STALL_REPORT,
     Hooks,
     Patience,
     fence,
     futex_add,
-    futex_wait,
     futex_wake,
     mismatch_error,
 )
 from .group import Group
 
 MAX_RANKS = 1024  # FUTEX_WAKE_OP compares with a 12-bit number: at most 4097
-CHECK_EVERY = 0.01  # seconds between a waiter's looks at deadlines and lost ranks
 _SIG = struct.Struct("<iiiiqIq")  # kind, dtype, op, root (group rank), count, shape, seq
 _KEY = 28  # the bytes of a signature compared: kind .. shape (not seq)
 _KEY_OF = struct.Struct("<iiiiqI")  # those bytes
@@ -139,7 +133,7 @@ def takes(collective: str, size: int, nbytes: int) -> bool:
         and nbytes <= piece_bytes(size)
 
 
-class Rooted:
+class Rooted(Waits):
     """One group's rooted calls in its fast segment ``buf``, seen from group rank ``me``;
     ``slots``: the group's :class:`fastpath.Slots` (whose give-up this honours)."""
 
@@ -165,7 +159,6 @@ class Rooted:
         self.pending: tuple[int, bytes, object] | None = None  # see _settle
         self.patience = Patience()
         self.patience.fit(n)
-        self.waits = 0
         self._layouts: dict[tuple[int, int, int], tuple] = {}  # see _layout
 
     # ------------------------------------------------------------------ a call
@@ -188,7 +181,7 @@ class Rooted:
             self.gave_up = e
             raise
 
-    def _layout(self, kind: int, root: int, nb: int) -> tuple:
+    def layout(self, kind: int, root: int, nb: int) -> tuple:
         """Per parity, where a call of ``kind`` with root ``root`` and ``nb`` bytes per
         rank reads and writes: (root's header, this rank's header, every rank's piece,
         this rank's piece); the last few kept (a loop repeats its calls)."""
@@ -205,79 +198,145 @@ class Rooted:
     def _run(self, f: int, call, out: np.ndarray, src: np.ndarray, deadline: float,
              hooks: Hooks, key: bytes | None = None) -> None:
         n, me, kind = self.size, self.me, call.kind
-        parity, number = f & 1, (f + 1) & 0x7FFFFFFF
+        parity = f & 1
         root = 0 if kind == ALL_GATHER else self.group.rank_of(call.root)
         if self.pending is not None and (kind == SCATTER or me != root):
             self._settle(deadline, hooks, call)  # (a gather's root: once all arrived)
         last = self.last[parity]
-        if last is not None:
-            self._reuse(last, kind, root, (deadline, hooks, call))
+        if last is not None and not self.reused(last, kind, root):
+            self._wait_reused(last, kind, root, (deadline, hooks, call))
         self.last[parity] = (f, kind, root)
         nb = out.nbytes if kind == SCATTER else src.nbytes
-        head, at, rows, mine = self._layout(kind, root, nb)[parity]
-        hw = head >> 2  # the header's first word
-        w, mv = self.w, self.mv
+        head, at, rows, mine = self.layout(kind, root, nb)[parity]
         if key is None:
             key = signature(call, root)
-        if me == root:
-            if kind == SCATTER:
-                rows[:] = src.view(np.uint8).reshape(n, nb)
-            elif kind == ALL_GATHER:
-                mine[:] = src.view(np.uint8)
+        u8 = np.uint8
+        if kind == SCATTER:
+            if me == root:
+                self.scatter_root(f, head, key, call, rows, src.view(u8).reshape(n, nb),
+                                  out.view(u8), mine)
+            else:
+                self.scatter_recv(f, head, at, root, key, deadline, hooks, call,
+                                  out.view(u8), mine)
+        elif kind == GATHER:
+            if me == root:
+                self.gather_root(f, head, key, deadline, hooks, call, mine, src.view(u8),
+                                 out.view(u8).reshape(n, nb), rows)
+            else:
+                self.gather_send(f, head, at, root, key, call, mine, src.view(u8))
+        else:
+            self._all_gather(f, head, at, root, key, deadline, hooks, call, out, src, rows,
+                             mine)
+
+    # ------------------------------------------------------------------ one call's roles
+    # (after its area's reuse: see reused; a call planned once runs these directly,
+    # :mod:`minidist.fast_repeat`, with typed views of its pieces and arrays)
+
+    def scatter_root(self, f: int, head: int, key: bytes, call, rows: np.ndarray,
+                     src: np.ndarray, out: np.ndarray, mine: np.ndarray) -> None:
+        """A scatter's root: ``src`` (every rank's block, by rows) into the ``rows``
+        pieces, its own ``mine`` into ``out``; then the release (nobody to wait for:
+        checked at its next call, see :meth:`_settle`)."""
+        np.copyto(rows, src)
+        hw = head >> 2
+        _KEY_SEQ.pack_into(self.mv, head + 4, key, call.seq)
+        number = (f + 1) & 0x7FFFFFFF
+        self.w[hw] = number  # after the pieces and the signature
+        np.copyto(out, mine)
+        self.pending = (f, key, call)
+        self._release(hw, number)
+
+    def scatter_recv(self, f: int, head: int, at: int, root: int, key: bytes,
+                     deadline: float, hooks: Hooks, call, out: np.ndarray,
+                     mine: np.ndarray) -> None:
+        """A scatter's receiver: the root's release, its signature compared, then its
+        piece ``mine`` into ``out`` and this rank's signature (for the root's check)."""
+        w, mv, number = self.w, self.mv, (f + 1) & 0x7FFFFFFF
+        hw = head >> 2
+        if w[hw + RELEASE // 4] != number:
+            self._wait(hw + RELEASE // 4, number, hw + SLEEPING_RELEASE // 4, root,
+                       f & 1, number, deadline, hooks, call)
+        differs = mv[head + 4:head + 4 + _KEY] != key
+        if not differs:
+            np.copyto(out, mine)
+        _KEY_SEQ.pack_into(mv, at + 4, key, call.seq)
+        w[at >> 2] = number  # after its reads and its signature: for the root's check
+        self.dq[self.me] = f + 1
+        self.behind = (f, root)
+        if differs:
+            raise self._mismatch(call, root, f & 1)
+
+    def gather_root(self, f: int, head: int, key: bytes, deadline: float, hooks: Hooks,
+                    call, mine: np.ndarray, src: np.ndarray, out: np.ndarray,
+                    rows: np.ndarray) -> None:
+        """A gather's root: its own ``src`` into its piece, its signature, then (once
+        the last sender woke it) every signature compared and the ``rows`` into
+        ``out`` (by rows)."""
+        w, number, parity = self.w, (f + 1) & 0x7FFFFFFF, f & 1
+        hw = head >> 2
+        np.copyto(mine, src)
+        _KEY_SEQ.pack_into(self.mv, head + 4, key, call.seq)
+        w[hw] = number
+        # the others count themselves in: the last one wakes this rank
+        self._wait(hw + ARRIVED // 4, self.size - 1, None, None, parity, number, deadline,
+                   hooks, call)
+        w[hw + ARRIVED // 4] = 0
+        if self.pending is not None:  # everyone finished it: they arrived here
+            self._settle(deadline, hooks, call)
+        bad = self._differing(parity, key)
+        if bad >= 0:
+            w[hw + DIFFERS // 4] = number
+            self._finish(f)
+            raise self._mismatch(call, bad, parity)
+        np.copyto(out, rows)
+        self.dq[self.me] = f + 1  # after the last load of the pieces
+
+    def gather_send(self, f: int, head: int, at: int, root: int, key: bytes, call,
+                    mine: np.ndarray, src: np.ndarray) -> None:
+        """A gather's sender: ``src`` into its piece, its signature and number, one
+        count added to the root's (the last one wakes it); no wait."""
+        w, mv, number = self.w, self.mv, (f + 1) & 0x7FFFFFFF
+        np.copyto(mine, src)
+        _KEY_SEQ.pack_into(mv, at + 4, key, call.seq)
+        w[at >> 2] = number  # after the piece and the signature
+        futex_add(self.base + head + ARRIVED, self.size - 2)  # the last one wakes the root
+        hw = head >> 2
+        differs = w[hw] == number and mv[head + 4:head + 4 + _KEY] != key
+        self.dq[self.me] = f + 1
+        self.behind = (f, root)  # the others may still be in the call before
+        if differs:
+            raise self._mismatch(call, root, f & 1)
+
+    def _all_gather(self, f: int, head: int, at: int, root: int, key: bytes,
+                    deadline: float, hooks: Hooks, call, out: np.ndarray, src: np.ndarray,
+                    rows: np.ndarray, mine: np.ndarray) -> None:
+        """An all_gather (group rank 0 collects the arrivals and releases everyone)."""
+        n, w, mv = self.size, self.w, self.mv
+        parity, number = f & 1, (f + 1) & 0x7FFFFFFF
+        hw = head >> 2
+        nb = src.nbytes
+        mine[:] = src.view(np.uint8)
+        if self.me == root:
             _KEY_SEQ.pack_into(mv, head + 4, key, call.seq)
-            w[hw] = number  # after the pieces and the signature
-            if kind == SCATTER:  # nobody to wait for: see _settle
-                out.view(np.uint8)[:] = mine
-                self.pending = (f, key, call)
-                self._release(hw, number)
-                return
-            # the others count themselves in: the last one wakes this rank
+            w[hw] = number
             self._wait(hw + ARRIVED // 4, n - 1, None, None, parity, number, deadline,
                        hooks, call)
             w[hw + ARRIVED // 4] = 0
-            if self.pending is not None:  # everyone finished it: they arrived here
+            if self.pending is not None:
                 self._settle(deadline, hooks, call)
             bad = self._differing(parity, key)
             if bad >= 0:
                 w[hw + DIFFERS // 4] = number
-                if kind == ALL_GATHER:
-                    self._release(hw, number)
+                self._release(hw, number)
                 self._finish(f)
                 raise self._mismatch(call, bad, parity)
-            if kind == GATHER:
-                got = out.view(np.uint8).reshape(n, nb)
-                got[:] = rows
-                got[me] = src.view(np.uint8)
-            else:
-                self._release(hw, number)  # all_gather: everyone copies, this rank too
-                out.view(np.uint8).reshape(n, nb)[:] = rows
-            self.dq[me] = f + 1  # after the last load of the pieces
+            self._release(hw, number)  # everyone copies, this rank too
+            out.view(np.uint8).reshape(n, nb)[:] = rows
+            self.dq[self.me] = f + 1  # after the last load of the pieces
             return
-        if kind == SCATTER:  # the root's release first, then this rank's signature
-            if w[hw + RELEASE // 4] != number:
-                self._wait(hw + RELEASE // 4, number, hw + SLEEPING_RELEASE // 4, root,
-                           parity, number, deadline, hooks, call)
-            differs = mv[head + 4:head + 4 + _KEY] != key
-            if not differs:
-                out.view(np.uint8)[:] = mine
-            _KEY_SEQ.pack_into(mv, at + 4, key, call.seq)
-            w[at >> 2] = number  # after its reads and its signature: for the root's check
-            self.dq[me] = f + 1
-            self.behind = (f, root)
-            if differs:
-                raise self._mismatch(call, root, parity)
-            return
-        mine[:] = src.view(np.uint8)
         _KEY_SEQ.pack_into(mv, at + 4, key, call.seq)
         w[at >> 2] = number  # after the piece and the signature
         futex_add(self.base + head + ARRIVED, n - 2)  # the last one wakes the root
-        if kind == GATHER:
-            differs = w[hw] == number and mv[head + 4:head + 4 + _KEY] != key
-            self.dq[me] = f + 1
-            self.behind = (f, root)  # the others may still be in the call before
-            if differs:
-                raise self._mismatch(call, root, parity)
-            return
         if w[hw + RELEASE // 4] != number:
             self._wait(hw + RELEASE // 4, number, hw + SLEEPING_RELEASE // 4, root, parity,
                        number, deadline, hooks, call)
@@ -286,7 +345,7 @@ class Rooted:
             self._finish(f)
             raise self._mismatch(call, bad if bad >= 0 else root, parity)
         out.view(np.uint8).reshape(n, nb)[:] = rows
-        self.dq[me] = f + 1
+        self.dq[self.me] = f + 1
 
     def _differing(self, parity: int, key: bytes) -> int:
         """The first group rank whose signature of ``parity`` is not ``key`` (-1: none),
@@ -315,24 +374,32 @@ class Rooted:
 
     # ------------------------------------------------------------------ reuse
 
-    def _reuse(self, last: tuple[int, int, int], kind: int, root: int,
-               waits: tuple) -> None:
-        """Wait until whoever read what this call overwrites finished reading it in the
-        ``last`` call (number, kind, root) of this parity (see the module)."""
+    def reused(self, last: tuple[int, int, int], kind: int, root: int) -> bool:
+        """Whether whoever read what a call of ``kind`` with root ``root`` overwrites
+        finished reading it in the ``last`` call (number, kind, root) of its parity (see
+        the module); False: :meth:`_wait_reused` first."""
         lf, lkind, lroot = last
-        done = self.dq
         me = self.me
         if kind == SCATTER and lkind == SCATTER and lroot == root != me:
-            return  # it writes only after the root's release, which came after its settle
-        # everyone read everyone's piece, or this rank's header (its root's), or the
-        # pieces that this rank, the root of a scatter, overwrites
-        everyone = lkind == ALL_GATHER or lroot == me or (
-            kind == SCATTER and me == root and lkind == SCATTER)
-        if everyone:
-            if (min(done) if self.size <= 64 else int(self.done.min())) > lf:
-                return
-        elif done[lroot] > lf:
-            return
+            return True  # it writes only after the root's release, which came after its settle
+        if self._everyone(last, kind, root):
+            done = self.dq
+            return (min(done) if self.size <= 64 else int(self.done.min())) > lf
+        return self.dq[lroot] > lf
+
+    def _everyone(self, last: tuple[int, int, int], kind: int, root: int) -> bool:
+        """Whether every rank read what the call overwrites in ``last``: everyone's
+        piece (an all_gather), this rank's header (it was the root), or the pieces that
+        this rank, the root of a scatter, overwrites after a scatter."""
+        _lf, lkind, lroot = last
+        return lkind == ALL_GATHER or lroot == self.me or (
+            kind == SCATTER and self.me == root and lkind == SCATTER)
+
+    def _wait_reused(self, last: tuple[int, int, int], kind: int, root: int,
+                     waits: tuple) -> None:
+        """Until :meth:`reused` holds."""
+        lf, _lkind, lroot = last
+        everyone = self._everyone(last, kind, root)
         self._wait_done(lf, range(self.size) if everyone else (lroot,), waits)
 
     def catch_up(self, deadline: float, hooks: Hooks, call) -> None:
@@ -372,107 +439,6 @@ class Rooted:
             raise self._mismatch(scattered, bad, parity, tail=(
                 f"; found at this rank's next call on the group (#{call.seq}), which did "
                 "not run; the scatter's outputs hold the blocks the root sent"))
-
-    def _wait_numbers(self, parity: int, number: int, deadline: float, hooks: Hooks,
-                      call) -> None:
-        """Until every rank stored ``number`` into its header of ``parity`` (the
-        receivers of a scatter take their time)."""
-        nums = self.numbers[parity]
-        self._poll(lambda: [int(r) for r in np.flatnonzero(nums != number)],
-                   (deadline, hooks, call))
-
-    def _wait_done(self, lf: int, who, waits: tuple) -> None:
-        """Until every rank of ``who`` finished call ``lf`` (rare: a root that scatters
-        twice in a row ahead of a slow reader)."""
-        self._poll(lambda: [r for r in who if r != self.me and self.dq[r] <= lf], waits)
-
-    def _poll(self, late_ranks, waits: tuple) -> None:
-        """Until ``late_ranks()`` (the group ranks still to get there) is empty: yield,
-        then sleeps of 20 us growing to 1 ms, between which the call's deadline, lost
-        ranks and the group's abort are checked (and the stall reported after 1 s)."""
-        deadline, hooks, call = waits
-        pause = 20e-6
-        start = time.monotonic()
-        reported = False
-        while True:
-            late = late_ranks()
-            if not late:
-                return
-            err = hooks.broken(call)
-            if err is None and hooks.anyone_gone():
-                for r in late:
-                    err = hooks.gone(self.group, self.group.ranks[r])
-                    if err is not None:
-                        break
-            if err is not None:
-                raise err
-            now = time.monotonic()
-            if now >= deadline:
-                raise hooks.timed_out(call, [self.group.ranks[r] for r in late])
-            if not reported and now - start >= STALL_REPORT:
-                reported = True
-                hooks.stalled(call)
-            os.sched_yield()
-            time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
-
-    # ------------------------------------------------------------------ waits
-
-    def _wait(self, word: int, want: int, flag: int | None, releaser: int | None,
-              parity: int, number: int, deadline: float, hooks: Hooks, call) -> None:
-        """Until the int32 ``word`` holds ``want`` (see :meth:`fastpath.Slots._wait`):
-        ``flag`` the word where a sleeper says so (None: the writer always wakes);
-        ``releaser`` the group rank that must store the word (checked for being gone)."""
-        words = self.w
-        if words[word] == want:
-            return
-        now = time.monotonic()
-        self.waits += 1
-        patience = self.patience
-        if self.waits % 1024 == 0:  # probe again: the machine may be quiet now
-            patience.fit(self.size, quiet=os.getloadavg()[0] < patience.cores)
-        if patience.wait(lambda: words[word] == want, now):
-            return
-        start, reported, checked, nap = now, False, 0.0, SLICE
-        addr = self.base + word * 4
-        while True:
-            seen = words[word]
-            if seen == want:
-                return
-            now = time.monotonic()
-            if now - checked < CHECK_EVERY:  # woken by progress (a count that grew)
-                if flag is not None:
-                    words[flag] = number
-                futex_wait(addr, seen, min(nap, deadline - now))
-                continue
-            checked = now
-            err = hooks.broken(call)
-            if err is None and hooks.anyone_gone():
-                for other in self._missing(parity, number, releaser):
-                    err = hooks.gone(self.group, self.group.ranks[other])
-                    if err is not None:
-                        break
-            if err is not None and words[word] != want:
-                raise err
-            if now >= deadline:
-                raise hooks.timed_out(call, [self.group.ranks[r] for r in
-                                             self._missing(parity, number, releaser)])
-            if not reported and now - start >= STALL_REPORT:
-                reported = True
-                hooks.stalled(call)
-            elif reported:  # a long wait (workers waiting for their learner): look less
-                nap = min(nap * 2, IDLE_SLICE)  # often; a lost peer wakes it at once
-            if flag is not None:
-                words[flag] = number  # then the kernel's lock, then its look at the word
-            futex_wait(addr, seen, min(nap, deadline - now))
-
-    def _missing(self, parity: int, number: int, releaser: int | None) -> list[int]:
-        """The group ranks this call still waits for: those whose number is not the
-        call's (a root waiting for arrivals), or the releaser."""
-        if releaser is not None:
-            return [releaser]
-        nums = self.heads[:, parity, 0]
-        return [int(r) for r in np.flatnonzero(nums != number) if r != self.me]
 
     def _mismatch(self, call, r: int, parity: int,
                   tail: str = "; its output is unchanged") -> CollectiveMismatchError:

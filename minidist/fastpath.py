@@ -363,6 +363,7 @@ class Patience:
         self.cores = cores()
         self._spin = SPIN_SECONDS if spin is None else spin
         self.full = (0.0, 0.0)  # (spin, yield) after :meth:`fit`
+        self.waits = 0  # waits begun (:meth:`first`)
         self.spin = self.yielding = 0.0
 
     def fit(self, ranks: int, quiet: bool = True) -> None:
@@ -376,6 +377,15 @@ class Patience:
     def reset(self) -> None:
         """Back to the full lengths."""
         self.spin, self.yielding = self.full
+
+    def first(self, ready: Callable[[], bool], now: float, ranks: int) -> bool:
+        """A wait of a group of ``ranks`` ranks begins: counted (every 1024th probes
+        the machine again: it may be quiet now), then :meth:`wait` if this waiter spins
+        or yields at all."""
+        self.waits += 1
+        if self.waits % 1024 == 0:
+            self.fit(ranks, quiet=os.getloadavg()[0] < self.cores)
+        return bool(self.spin or self.yielding) and self.wait(ready, now)
 
     def wait(self, ready: Callable[[], bool], now: float) -> bool:
         """Spin or yield until ``ready()`` (True), or for as long as this waiter's
@@ -434,7 +444,6 @@ class Slots:
         self.words = self.mem.view(np.int32)  # the slot numbers, by int32 index
         self.patience = Patience()
         self.patience.fit(self.size)
-        self.waits = 0
         self.central = self.size > CENTRAL_ABOVE
         self._scratch = np.empty(0, np.uint8)
         self._views: dict[tuple, list[np.ndarray]] = {}  # see _typed
@@ -770,11 +779,7 @@ class Slots:
         if words[word] == want:
             return
         now = time.monotonic()
-        self.waits += 1
-        patience = self.patience
-        if self.waits % 1024 == 0:  # probe again: the machine may be quiet now
-            patience.fit(self.size, quiet=os.getloadavg()[0] < patience.cores)
-        if patience.wait(lambda: words[word] == want, now):
+        if self.patience.first(lambda: words[word] == want, now, self.size):
             return
         start, reported = now, False
         addr = self.base + word * 4

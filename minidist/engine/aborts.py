@@ -71,6 +71,12 @@ class Aborts:
         self._done((call.group.id, call.seq), None)
         self._break(call, exc, tell=True)
 
+    def may_refuse(self) -> bool:
+        """False when :meth:`refusal` would refuse no call at all (nothing failed,
+        aborted or died, the rendezvous is there): a cheap look before a fast call."""
+        return self.rendezvous_lost is not None or bool(
+            self._aborted or self.broken or self.lost or self.died)
+
     def refusal(self, call: Call, consume: bool = True) -> DistError | None:
         """Why a collective cannot even start (or go on), or None. Without ``consume``
         nothing is changed (safe to call from another thread)."""

@@ -92,3 +92,20 @@ def test_repeated_calls_planned_once_stay_exact_and_check_their_arrays(n, seed):
         rc = job.wait(200)
     assert rc == 0, job.out[-2000:] + job.err[-3000:]
     assert job.out.count("REPEAT OK") == n
+
+
+def test_the_rl_loop_runs_its_roles_directly_and_stays_exact():
+    """9 ranks step 300 times (an all_reduce every 50 steps, a worker stopped for 0.5 s,
+    the learner's input array varied): every value exact, and at most 3 % of the
+    repeated calls took the general run; after ranks 0 and 1 know of a failed call
+    (a group of theirs broke) their repeated calls go the general way, still exact."""
+    with Job(9, SCRIPTS / "rooted_lane.py", "300") as job:
+        rc = job.wait(200)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    found = [line.split("LANE OK ")[1].split() for line in job.out.splitlines()
+             if "LANE OK" in line]
+    assert len(found) == 9, job.out[-2000:] + job.err[-3000:]
+    for rank, general, _of, calls, after in found:
+        assert int(general.split("=")[1]) <= 0.03 * int(calls), found
+        diverted = int(after.split("=")[1])
+        assert diverted >= 100 if rank in ("0", "1") else diverted <= 3, found
