@@ -72,7 +72,7 @@ class FastCalls:
         self._fits = segments.fits
         self.turns: dict[int, int] = {}  # per group: the fast call whose turn it is
         self._cond = threading.Condition(threading.Lock())
-        self._waiting = 0  # threads waiting for their fast call's turn
+        self.waiting = 0  # threads waiting for their fast call's turn (see turn_done)
         self._hooks: _FastHooks | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
@@ -152,12 +152,12 @@ class FastCalls:
         deadline)."""
         g, turns = call.group, self.turns
         with self._cond:
-            self._waiting += 1
+            self.waiting += 1
             try:
                 ok = self._cond.wait_for(lambda: turns.get(g.id, 0) == f,
                                          max(0.0, deadline - time.monotonic()))
             finally:
-                self._waiting -= 1
+                self.waiting -= 1
         if not ok:
             raise DistTimeoutError(f"{call.name} on {g!r} (call #{call.seq}) timed out "
                                    "behind this rank's earlier calls on the group",
@@ -197,7 +197,7 @@ class FastCalls:
         # the turn is stored before the count of waiters is read, and a waiter counts
         # itself before it reads the turn: one of them sees the other
         self.turns[gid] = turn
-        if self._waiting:
+        if self.waiting:
             with self._cond:
                 self._cond.notify_all()
 

@@ -62,7 +62,7 @@ class Repeat:
         self.take = door.plan.fast_planner.take
         self.calls = door.fast_calls
         self.engine = door.fast_calls.engine
-        self.turns = door.fast_calls.turns  # (read: a call whose turn it is not waits)
+        self.turns = door.fast_calls.turns
         self.timeout = door.fast_calls.timeout_of
         self.loop = door.runtime.loop
         self.hooks = door.fast_calls.hooks(self.loop)
@@ -154,7 +154,9 @@ class Repeat:
                 self.calls.failed(call, e, self.loop)
             raise
         finally:
-            self.calls.turn_done(self.gid, f + 1)
+            self.turns[self.gid] = f + 1  # then the waiters are counted (see turn_done)
+            if self.calls.waiting:
+                self.calls.turn_done(self.gid, f + 1)
 
     def _general(self, f: int, seq: int, out: np.ndarray | None,
                  inp: np.ndarray | None) -> None:
@@ -174,7 +176,8 @@ class Repeat:
             out, inp = output if self.is_root else None, input
         if not self.fits(group, root, out, inp):
             return False
-        self.go(self.number(out, inp))
+        f, seq = self.take(self.g)
+        self.go((f, seq, out, inp))
         return True
 
     def drop(self) -> None:

@@ -159,7 +159,8 @@ class Rooted(Waits):
         self.pending: tuple[int, bytes, object] | None = None  # see _settle
         self.patience = Patience()
         self.patience.fit(n)
-        self._layouts: dict[tuple[int, int, int], tuple] = {}  # see _layout
+        self._layouts: dict[tuple[int, int, int], tuple] = {}  # see layout
+        self._keys: dict[bytes, np.ndarray] = {}  # signatures as words (see _differing)
 
     # ------------------------------------------------------------------ a call
 
@@ -350,8 +351,16 @@ class Rooted(Waits):
     def _differing(self, parity: int, key: bytes) -> int:
         """The first group rank whose signature of ``parity`` is not ``key`` (-1: none),
         compared for all ranks at once."""
-        bad = (self.sigs[parity] != np.frombuffer(key, np.int32)).any(axis=1)
-        return int(bad.argmax()) if bad.any() else -1
+        keys = self._keys
+        k = keys.get(key)
+        if k is None:
+            if len(keys) >= 16:
+                keys.clear()
+            k = keys[key] = np.frombuffer(key, np.int32)
+        same = self.sigs[parity] == k
+        if same.all():
+            return -1
+        return int(same.all(axis=1).argmin())
 
     def _finish(self, f: int) -> None:
         """This rank is done with call ``f``: after its last load of the call."""
@@ -380,12 +389,15 @@ class Rooted(Waits):
         the module); False: :meth:`_wait_reused` first."""
         lf, lkind, lroot = last
         me = self.me
-        if kind == SCATTER and lkind == SCATTER and lroot == root != me:
-            return True  # it writes only after the root's release, which came after its settle
-        if self._everyone(last, kind, root):
-            done = self.dq
-            return (min(done) if self.size <= 64 else int(self.done.min())) > lf
-        return self.dq[lroot] > lf
+        if lkind == SCATTER and kind == SCATTER:
+            if lroot == root != me:
+                return True  # it writes only after the root's release, after its settle
+            if lroot != me and root != me:
+                return self.dq[lroot] > lf
+        elif lkind != ALL_GATHER and lroot != me:
+            return self.dq[lroot] > lf
+        done = self.dq  # everyone read what it overwrites (see _everyone)
+        return (min(done) if self.size <= 64 else int(self.done.min())) > lf
 
     def _everyone(self, last: tuple[int, int, int], kind: int, root: int) -> bool:
         """Whether every rank read what the call overwrites in ``last``: everyone's
