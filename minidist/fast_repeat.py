@@ -117,21 +117,23 @@ class Repeat:
         the rooted area straight away when nothing is unusual, else the general run."""
         f, seq, out, inp = job
         rooted = self.rooted
-        parity = f & 1
-        last = rooted.last[parity]
         if (self.turns.get(self.gid, 0) != f or self.engine.may_refuse()
                 or rooted.gave_up is not None or self.fast.slots.gave_up is not None
                 or (rooted.pending is not None and (self.scatter or not self.is_root))
-                or (last is not None and not rooted.reused(last, self.kind, self.groot))
                 or self.slots.get(self.gid) is not self.fast):
             self._general(f, seq, out, inp)
             return
         call = tuple.__new__(Call, (self.kind, self.g, seq, self.code, 0, FAST_INDEX,
                                     self.name, self.root, self.count, self.digest))
+        parity = f & 1
+        last = rooted.last[parity]
         rooted.behind = None
-        rooted.last[parity] = (f, self.kind, self.groot)
         head, at = self.heads[parity]
         try:
+            if last is not None and not rooted.reused(last, self.kind, self.groot):
+                rooted.wait_reused(last, self.kind, self.groot, (
+                    time.monotonic() + self.timeout(self.g), self.hooks, call))
+            rooted.last[parity] = (f, self.kind, self.groot)
             if self.scatter:
                 if self.is_root:
                     rooted.scatter_root(f, head, self.key, call, self.rows[parity],

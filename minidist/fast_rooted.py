@@ -205,7 +205,7 @@ class Rooted(Waits):
             self._settle(deadline, hooks, call)  # (a gather's root: once all arrived)
         last = self.last[parity]
         if last is not None and not self.reused(last, kind, root):
-            self._wait_reused(last, kind, root, (deadline, hooks, call))
+            self.wait_reused(last, kind, root, (deadline, hooks, call))
         self.last[parity] = (f, kind, root)
         nb = out.nbytes if kind == SCATTER else src.nbytes
         head, at, rows, mine = self.layout(kind, root, nb)[parity]
@@ -386,7 +386,7 @@ class Rooted(Waits):
     def reused(self, last: tuple[int, int, int], kind: int, root: int) -> bool:
         """Whether whoever read what a call of ``kind`` with root ``root`` overwrites
         finished reading it in the ``last`` call (number, kind, root) of its parity (see
-        the module); False: :meth:`_wait_reused` first."""
+        the module); False: :meth:`wait_reused` first."""
         lf, lkind, lroot = last
         me = self.me
         if lkind == SCATTER and kind == SCATTER:
@@ -407,7 +407,7 @@ class Rooted(Waits):
         return lkind == ALL_GATHER or lroot == self.me or (
             kind == SCATTER and self.me == root and lkind == SCATTER)
 
-    def _wait_reused(self, last: tuple[int, int, int], kind: int, root: int,
+    def wait_reused(self, last: tuple[int, int, int], kind: int, root: int,
                      waits: tuple) -> None:
         """Until :meth:`reused` holds."""
         lf, _lkind, lroot = last

@@ -97,7 +97,8 @@ def test_repeated_calls_planned_once_stay_exact_and_check_their_arrays(n, seed):
 def test_the_rl_loop_runs_its_roles_directly_and_stays_exact():
     """9 ranks step 300 times (an all_reduce every 50 steps, a worker stopped for 0.5 s,
     the learner's input array varied): every value exact, and at most 3 % of the
-    repeated calls took the general run; after ranks 0 and 1 know of a failed call
+    repeated calls took the general run (a learner that must wait for a worker still
+    reading the last call of its parity waits there); after ranks 0 and 1 know of a failed call
     (a group of theirs broke) their repeated calls go the general way, still exact."""
     with Job(9, SCRIPTS / "rooted_lane.py", "300") as job:
         rc = job.wait(200)
