@@ -111,6 +111,7 @@ _KEY = 28  # the bytes of a signature compared: kind .. shape (not seq)
 _KEY_OF = struct.Struct("<iiiiqI")  # those bytes
 _KEY_SEQ = struct.Struct(f"<{_KEY}sq")  # the compared bytes and the call's number at once
 SCATTER, GATHER, ALL_GATHER = 8, 7, 5  # wire.Kind values
+_ALL = np.logical_and.reduce  # (ndarray.all goes through a Python function)
 KINDS = (SCATTER, GATHER, ALL_GATHER)
 NAMES = {SCATTER: "scatter", GATHER: "gather", ALL_GATHER: "all_gather"}
 
@@ -238,12 +239,12 @@ class Rooted(Waits):
         """A scatter's root: ``src`` (every rank's block, by rows) into the ``rows``
         pieces, its own ``mine`` into ``out``; then the release (nobody to wait for:
         checked at its next call, see :meth:`_settle`)."""
-        np.copyto(rows, src)
+        rows[...] = src
         hw = head >> 2
         _KEY_SEQ.pack_into(self.mv, head + 4, key, call.seq)
         number = (f + 1) & 0x7FFFFFFF
         self.w[hw] = number  # after the pieces and the signature
-        np.copyto(out, mine)
+        out[...] = mine
         self.pending = (f, key, call)
         self._release(hw, number)
 
@@ -259,7 +260,7 @@ class Rooted(Waits):
                        f & 1, number, deadline, hooks, call)
         differs = mv[head + 4:head + 4 + _KEY] != key
         if not differs:
-            np.copyto(out, mine)
+            out[...] = mine
         _KEY_SEQ.pack_into(mv, at + 4, key, call.seq)
         w[at >> 2] = number  # after its reads and its signature: for the root's check
         self.dq[self.me] = f + 1
@@ -275,7 +276,7 @@ class Rooted(Waits):
         ``out`` (by rows)."""
         w, number, parity = self.w, (f + 1) & 0x7FFFFFFF, f & 1
         hw = head >> 2
-        np.copyto(mine, src)
+        mine[...] = src
         _KEY_SEQ.pack_into(self.mv, head + 4, key, call.seq)
         w[hw] = number
         # the others count themselves in: the last one wakes this rank
@@ -289,7 +290,7 @@ class Rooted(Waits):
             w[hw + DIFFERS // 4] = number
             self._finish(f)
             raise self._mismatch(call, bad, parity)
-        np.copyto(out, rows)
+        out[...] = rows
         self.dq[self.me] = f + 1  # after the last load of the pieces
 
     def gather_send(self, f: int, head: int, at: int, root: int, key: bytes, call,
@@ -297,13 +298,15 @@ class Rooted(Waits):
         """A gather's sender: ``src`` into its piece, its signature and number, one
         count added to the root's (the last one wakes it); no wait."""
         w, mv, number = self.w, self.mv, (f + 1) & 0x7FFFFFFF
-        np.copyto(mine, src)
+        mine[...] = src
         _KEY_SEQ.pack_into(mv, at + 4, key, call.seq)
-        w[at >> 2] = number  # after the piece and the signature
-        futex_add(self.base + head + ARRIVED, self.size - 2)  # the last one wakes the root
         hw = head >> 2
         differs = w[hw] == number and mv[head + 4:head + 4 + _KEY] != key
+        # its last load of the call is done: so says its done word, before the count
+        # wakes the root (which, on a crowded node, then runs before it stores more)
         self.dq[self.me] = f + 1
+        w[at >> 2] = number  # after the piece and the signature
+        futex_add(self.base + head + ARRIVED, self.size - 2)  # the last one wakes the root
         self.behind = (f, root)  # the others may still be in the call before
         if differs:
             raise self._mismatch(call, root, f & 1)
@@ -358,7 +361,7 @@ class Rooted(Waits):
                 keys.clear()
             k = keys[key] = np.frombuffer(key, np.int32)
         same = self.sigs[parity] == k
-        if same.all():
+        if _ALL(same, axis=None):
             return -1
         return int(same.all(axis=1).argmin())
 
@@ -442,7 +445,7 @@ class Rooted(Waits):
         else."""
         f, key, scattered = self.pending
         parity, number = f & 1, (f + 1) & 0x7FFFFFFF
-        if not (self.numbers[parity] == number).all():
+        if not _ALL(self.numbers[parity] == number, axis=None):
             self._wait_numbers(parity, number, deadline, hooks, call)
         self.pending = None
         bad = self._differing(parity, key)
