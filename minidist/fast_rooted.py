@@ -17,7 +17,10 @@ goes to that rank (scatter) or comes from it (gather, all_gather).
 A call with root ``R`` (group rank 0 for all_gather):
 
 * a gather or all_gather: every rank but ``R`` writes its input into its piece, its
-  signature, then its number, then adds one to ``R``'s *arrived* count with the
+  signature (a gather's sender then compares the root's, if the root arrived first, and
+  stores its *done* word: its last load of the call is done, and the wake-up below may
+  hand its core to the root before it runs again), then its number, then adds one to
+  ``R``'s *arrived* count with the
   kernel's atomic ``FUTEX_WAKE_OP``, which wakes ``R`` when the count becomes complete
   (the last arriving rank wakes the root: one wake-up per call; a root woken by each
   arriving rank instead, while the workers of a 2-core machine arrive one by one, made
@@ -111,7 +114,8 @@ _KEY = 28  # the bytes of a signature compared: kind .. shape (not seq)
 _KEY_OF = struct.Struct("<iiiiqI")  # those bytes
 _KEY_SEQ = struct.Struct(f"<{_KEY}sq")  # the compared bytes and the call's number at once
 SCATTER, GATHER, ALL_GATHER = 8, 7, 5  # wire.Kind values
-_ALL = np.logical_and.reduce  # (ndarray.all goes through a Python function)
+_ALL = np.logical_and.reduce  # (ndarray.all and .min go through Python functions)
+_MIN = np.minimum.reduce
 KINDS = (SCATTER, GATHER, ALL_GATHER)
 NAMES = {SCATTER: "scatter", GATHER: "gather", ALL_GATHER: "all_gather"}
 
@@ -400,7 +404,7 @@ class Rooted(Waits):
         elif lkind != ALL_GATHER and lroot != me:
             return self.dq[lroot] > lf
         done = self.dq  # everyone read what it overwrites (see _everyone)
-        return (min(done) if self.size <= 64 else int(self.done.min())) > lf
+        return (min(done) if self.size <= 64 else int(_MIN(self.done))) > lf
 
     def _everyone(self, last: tuple[int, int, int], kind: int, root: int) -> bool:
         """Whether every rank read what the call overwrites in ``last``: everyone's
