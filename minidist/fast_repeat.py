@@ -63,7 +63,7 @@ class Repeat:
         self.calls = door.fast_calls
         self.engine = door.fast_calls.engine
         self.turns = door.fast_calls.turns
-        self.timeout = door.fast_calls.timeout_of
+        self.timeout = door.fast_calls.timeout_of(call.group)  # (a group's is fixed)
         self.loop = door.runtime.loop
         self.hooks = door.fast_calls.hooks(self.loop)
         self.slots = door.fast_calls.slots  # (this group's entry goes at close)
@@ -132,7 +132,7 @@ class Repeat:
         try:
             if last is not None and not rooted.reused(last, self.kind, self.groot):
                 rooted.wait_reused(last, self.kind, self.groot, (
-                    time.monotonic() + self.timeout(self.g), self.hooks, call))
+                    time.monotonic() + self.timeout, self.hooks, call))
             rooted.last[parity] = (f, self.kind, self.groot)
             if self.scatter:
                 if self.is_root:
@@ -141,10 +141,10 @@ class Repeat:
                                         self.mine[parity])
                 else:
                     rooted.scatter_recv(f, head, at, self.groot, self.key,
-                                        time.monotonic() + self.timeout(self.g),
+                                        time.monotonic() + self.timeout,
                                         self.hooks, call, out, self.mine[parity])
             elif self.is_root:
-                rooted.gather_root(f, head, self.key, time.monotonic() + self.timeout(self.g),
+                rooted.gather_root(f, head, self.key, time.monotonic() + self.timeout,
                                    self.hooks, call, self.mine[parity], inp,
                                    out.reshape(rooted.size, self.count), self.rows[parity])
             else:
