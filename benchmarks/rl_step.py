@@ -13,7 +13,9 @@ next action; the others keep stepping). Systems:
   (multiprocessing.Queue: one per worker for actions, one shared for observations),
   ``gloo`` (torch.distributed scatter + gather), ``md`` (minidist scatter + gather,
   numpy), ``md-torch`` (the same loop through ``import minidist.torch as dist``),
-  ``md-p2p`` (minidist send / recv);
+  ``md-p2p`` (minidist send / recv), ``bare`` (no library: one shared segment, a futex
+  word that wakes every worker and a count whose last increment wakes the learner,
+  nothing checked; the ceiling of that design in Python);
 * firstk: ``pipe`` (multiprocessing.connection.wait), ``queue``, ``md-any`` (k times
   minidist recv(src=None)), ``md-many`` (minidist.recv_many), ``md-many-torch``.
 
@@ -38,7 +40,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCKSTEP = ("pipe", "queue", "gloo", "md", "md-torch", "md-p2p")
+LOCKSTEP = ("pipe", "queue", "gloo", "md", "md-torch", "md-p2p", "bare")
 FIRSTK = ("pipe", "queue", "md-any", "md-many", "md-many-torch")
 MARK = "RL_STEP_RESULT "
 STOP = -1
@@ -127,6 +129,91 @@ def _queue_worker(actions, observations, wid: int, a) -> None:
         if action == STOP:
             return
         observations.put((wid, env.step(action).tobytes()))
+
+
+BARE_SPIN = 20  # looks at the step word before a bare worker sleeps on it
+
+
+def _bare_worker(name: str, wid: int, a) -> None:
+    from multiprocessing import shared_memory
+
+    from minidist.fastpath import futex_add, futex_wait
+
+    shm = shared_memory.SharedMemory(name)
+    words, acts, obs, base = _bare_views(shm, a.workers, a.obs)
+    env = Env(a.obs, a.work, a.vary, wid)
+    seen = 0
+    while True:
+        looks = 0
+        while words[0] == seen:
+            looks += 1
+            if looks > BARE_SPIN:
+                futex_wait(base, seen, 1.0)
+        seen = int(words[0])
+        action = int(acts[wid])
+        if action == STOP:
+            break
+        obs[wid] = env.step(action)
+        futex_add(base + 64, a.workers - 1)  # the last one wakes the learner
+    del words, acts, obs
+    shm.close()
+
+
+def _bare_views(shm, W: int, B: int) -> tuple:
+    """(step and count words, actions, observations, the step word's address)."""
+    import ctypes
+
+    import numpy as np
+
+    buf = np.ndarray(shm.size, np.uint8, shm.buf)
+    acts = buf[4096:4096 + 8 * W].view(np.int64)
+    obs = buf[4096 + 8 * W:4096 + 8 * W + W * B].reshape(W, B)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(shm.buf))
+    return buf[:128].view(np.int32), acts, obs, base
+
+
+def run_bare(a) -> None:
+    """The lockstep loop over one shared segment with no library and no checks: the
+    ceiling of the design in Python (one futex word wakes every worker, a count whose
+    last increment wakes the learner, actions and observations in arrays)."""
+    import multiprocessing as mp
+    from multiprocessing import shared_memory
+
+    from minidist.fastpath import futex_wait, futex_wake
+
+    W, B = a.workers, a.obs
+    shm = shared_memory.SharedMemory(create=True, size=4096 + W * (8 + B))
+    words, acts, obs, base = _bare_views(shm, W, B)
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_bare_worker, args=(shm.name, w, a), daemon=True)
+             for w in range(W)]
+    try:
+        for p in procs:
+            p.start()
+        clock = Clock(a.seconds, a.warmup)
+        step = 0
+        while clock.tick(W):
+            step += 1
+            acts[:] = step
+            words[16] = 0
+            words[0] = step
+            futex_wake(base)
+            while True:
+                count = int(words[16])
+                if count >= W:
+                    break
+                futex_wait(base + 64, count, 1.0)
+        _check(obs[W - 1], step, B)
+        acts[:] = STOP
+        words[0] = step + 1
+        futex_wake(base)
+        clock.result()
+        for p in procs:
+            p.join(10)
+    finally:
+        del words, acts, obs
+        shm.close()
+        shm.unlink()
 
 
 def run_multiprocessing(a) -> None:
@@ -428,7 +515,7 @@ def run_one(a, system: str, mode: str, W: int, B: int, work: float) -> float | N
     env = _env()
     procs: list[subprocess.Popen] = []
     try:
-        if system in ("pipe", "queue"):
+        if system in ("pipe", "queue", "bare"):
             procs = [subprocess.Popen(me + args, env=env, stdout=subprocess.PIPE,
                                       start_new_session=True, text=True)]
         elif system == "gloo":
@@ -494,6 +581,8 @@ def main() -> None:
         a.work = float(a.work)
         if a.system in ("pipe", "queue"):
             run_multiprocessing(a)
+        elif a.system == "bare":
+            run_bare(a)
         elif a.system == "gloo":
             run_gloo_rank(a)
         else:
