@@ -50,7 +50,9 @@ from .inbox import MESSAGE_BYTES, Inbox, Outbox, Stash
 from .plan import P2P, P2P_TAG_LIMIT
 
 DOORBELL_TAG = P2P_TAG_LIMIT + 3  # "look at your rings": an empty frame, never a message
-RETRY_ATTACH = 0.05  # seconds before a sender looks again for an inbox it did not find
+RETRY_ATTACH = 0.05  # seconds at most before a sender looks again for an inbox it did not find
+FIRST_RETRY = 0.001  # ... the first time, doubled each time after (a receiver makes its
+# inbox at its first receive from this node, often just after its peers' first sends)
 SPIN_P2P = 100e-6  # a receiver's spin (a sleeping sender takes ~60 us to wake up here)
 RESET_EVERY = 256  # receives after which a spin or yield cut to nothing is tried again
 LINGER = 5.0  # seconds a leaving sender waits at most for its stash's messages to be taken
@@ -74,7 +76,7 @@ class FastP2P:
         self.inbox: Inbox | None = None
         self._no_inbox = False
         self._outboxes: dict[int, Outbox] = {}
-        self._retry: dict[int, float] = {}
+        self._retry: dict[int, tuple[float, float]] = {}  # dst -> (look again at, then wait)
         self.stash: Stash | None = None
         self._no_stash = False
         self._send_lock = threading.Lock()
@@ -159,12 +161,13 @@ class FastP2P:
         with self._send_lock:
             out = self._outboxes.get(dst)
             if out is None:
-                if time.monotonic() < self._retry.get(dst, 0.0):
+                when, wait = self._retry.get(dst, (0.0, FIRST_RETRY))
+                if time.monotonic() < when:
                     return False
                 out = Outbox.attach(self.session.job, dst, len(self.local),
                                     self.ring_of[self.rank])
                 if out is None:
-                    self._retry[dst] = time.monotonic() + RETRY_ATTACH
+                    self._retry[dst] = (time.monotonic() + wait, min(2 * wait, RETRY_ATTACH))
                     return False
                 self._outboxes[dst] = out
             header, payload = e.p2p_frame(p)

@@ -116,3 +116,15 @@ def test_no_inbox_is_left_after_a_job():
     assert rc == 0, job.out[-2000:] + job.err[-3000:]
     assert set(glob.glob(os.path.join(segments.SHM_DIR, "minidist-*"))) <= before
     assert "removed shared memory" not in job.err  # each rank removed its own inbox
+
+
+def test_a_sender_finds_an_inbox_made_after_its_first_send():
+    """Rank 0 makes its inbox at its first blocking receive, after rank 1's first send
+    (taken on the loop); rank 1's sends 10 ms later go through the ring (a sender looks
+    for a missing inbox again after 1 ms, then 2, 4, ... up to 50 ms; after a fixed 50
+    ms none of them did), and every value arrives."""
+    with Job(2, SCRIPTS / "inbox_late.py") as job:
+        rc = job.wait(60)
+    assert rc == 0, job.out[-2000:] + job.err[-3000:]
+    ring = int(job.out.split("INBOX LATE OK ")[1].split()[0])
+    assert ring >= 19, job.out[-2000:]
