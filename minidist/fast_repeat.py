@@ -117,14 +117,14 @@ class Repeat:
         the rooted area straight away when nothing is unusual, else the general run."""
         f, seq, out, inp = job
         rooted = self.rooted
-        if (self.turns.get(self.gid, 0) != f or self.engine.may_refuse()
-                or rooted.gave_up is not None or self.fast.slots.gave_up is not None
-                or (rooted.pending is not None and (self.scatter or not self.is_root))
-                or self.slots.get(self.gid) is not self.fast):
-            self._general(f, seq, out, inp)
-            return
         call = tuple.__new__(Call, (self.kind, self.g, seq, self.code, 0, FAST_INDEX,
                                     self.name, self.root, self.count, self.digest))
+        if (self.turns.get(self.gid, 0) != f or self.engine.may_refuse()
+                or self.fast.gave_up is not None
+                or (rooted.pending is not None and (self.scatter or not self.is_root))
+                or self.slots.get(self.gid) is not self.fast):
+            self._general(call, f, out, inp)
+            return
         parity = f & 1
         last = rooted.last[parity]
         rooted.behind = None
@@ -156,17 +156,13 @@ class Repeat:
                 self.calls.failed(call, e, self.loop)
             raise
         finally:
-            self.turns[self.gid] = f + 1  # then the waiters are counted (see turn_done)
-            if self.calls.waiting:
-                self.calls.turn_done(self.gid, f + 1)
+            self.calls.turn_done(self.gid, f + 1)
 
-    def _general(self, f: int, seq: int, out: np.ndarray | None,
+    def _general(self, call: Call, f: int, out: np.ndarray | None,
                  inp: np.ndarray | None) -> None:
         """The numbered call through the general run (it waits or raises)."""
         o = out.reshape(-1) if out is not None else inp[:0]
         i = inp.reshape(-1) if inp is not None else out[:0]
-        call = Call(self.kind, self.g, seq, self.code, 0, FAST_INDEX, self.name, self.root,
-                    self.count, self.digest)
         self.calls.run_rooted(call, f, o, i, self.loop, self.key)
 
     def again(self, output: object, input: object, root: int, group: object) -> bool:
@@ -178,8 +174,7 @@ class Repeat:
             out, inp = output if self.is_root else None, input
         if not self.fits(group, root, out, inp):
             return False
-        f, seq = self.take(self.g)
-        self.go((f, seq, out, inp))
+        self.go(self.number(out, inp))
         return True
 
     def drop(self) -> None:

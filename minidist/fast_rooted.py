@@ -278,9 +278,22 @@ class Rooted(Waits):
         """A gather's root: its own ``src`` into its piece, its signature, then (once
         the last sender woke it) every signature compared and the ``rows`` into
         ``out`` (by rows)."""
+        mine[...] = src
+        bad = self._collect(f, head, key, deadline, hooks, call)
+        if bad >= 0:
+            self._finish(f)
+            raise self._mismatch(call, bad, f & 1)
+        out[...] = rows
+        self.dq[self.me] = f + 1  # after the last load of the pieces
+
+    def _collect(self, f: int, head: int, key: bytes, deadline: float, hooks: Hooks,
+                 call) -> int:
+        """The root of a gather or all_gather, its piece written: its signature and
+        number, then (once the last arriving rank woke it) its count set back, a
+        scatter of its own settled, and every signature compared: the first group rank
+        that differs (its number then stored as the header's *differs* word), or -1."""
         w, number, parity = self.w, (f + 1) & 0x7FFFFFFF, f & 1
         hw = head >> 2
-        mine[...] = src
         _KEY_SEQ.pack_into(self.mv, head + 4, key, call.seq)
         w[hw] = number
         # the others count themselves in: the last one wakes this rank
@@ -292,10 +305,7 @@ class Rooted(Waits):
         bad = self._differing(parity, key)
         if bad >= 0:
             w[hw + DIFFERS // 4] = number
-            self._finish(f)
-            raise self._mismatch(call, bad, parity)
-        out[...] = rows
-        self.dq[self.me] = f + 1  # after the last load of the pieces
+        return bad
 
     def gather_send(self, f: int, head: int, at: int, root: int, key: bytes, call,
                     mine: np.ndarray, src: np.ndarray) -> None:
@@ -325,20 +335,11 @@ class Rooted(Waits):
         nb = src.nbytes
         mine[:] = src.view(np.uint8)
         if self.me == root:
-            _KEY_SEQ.pack_into(mv, head + 4, key, call.seq)
-            w[hw] = number
-            self._wait(hw + ARRIVED // 4, n - 1, None, None, parity, number, deadline,
-                       hooks, call)
-            w[hw + ARRIVED // 4] = 0
-            if self.pending is not None:
-                self._settle(deadline, hooks, call)
-            bad = self._differing(parity, key)
+            bad = self._collect(f, head, key, deadline, hooks, call)
+            self._release(hw, number)  # everyone copies (or raises), this rank too
             if bad >= 0:
-                w[hw + DIFFERS // 4] = number
-                self._release(hw, number)
                 self._finish(f)
                 raise self._mismatch(call, bad, parity)
-            self._release(hw, number)  # everyone copies, this rank too
             out.view(np.uint8).reshape(n, nb)[:] = rows
             self.dq[self.me] = f + 1  # after the last load of the pieces
             return
