@@ -198,6 +198,17 @@ class Door:
             return False
         return again(array, src, tag, group, self.runtime.loop)
 
+    def rooted_again(self, kind: str, output: Any, input: Any, root: int, group: Any) -> bool:
+        """A blocking ``kind`` (``"scatter"`` or ``"gather"``) like this thread's last
+        one on this door: run without planning it again (True, see
+        :mod:`minidist.fast_repeat`); False: plan it (nothing was done)."""
+        return fast_repeat.again(self, kind, output, input, root, group)
+
+    def remember_rooted(self, item: Prepared, group: Any, output: Any, input: Any) -> None:
+        """After the blocking scatter or gather ``item`` ran: remember it, so that
+        :meth:`rooted_again` can run it again."""
+        fast_repeat.remember(self, item, group, output, input)
+
     def submit(self, item: Planned) -> concurrent.futures.Future:
         """Start ``item``; the future completes with it (a Work's handle)."""
         runtime = self._blocking()

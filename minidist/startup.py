@@ -8,6 +8,7 @@ from torch's store, calibration, and the tests (several ranks in one loop).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 from collections.abc import Callable
@@ -83,11 +84,14 @@ async def join_all(cfgs: list[LaunchConfig], timeout: float) -> list[Session]:
 
 def start(cfg: LaunchConfig, timeout: float,
           host: tuple[str, int] | None = None,
-          announce: Callable[[str, int], None] | None = None) -> Door:
+          announce: Callable[[str, int], None] | None = None,
+          watch: Callable[[], None] | None = None) -> Door:
     """Join the job from a blocking caller: a loop in a background thread, a session on
     it, and the door to both. With ``host`` (address, port; port 0: any free one), this
     process first runs the job's rendezvous there and calls ``announce(address, port)``
-    so that the other ranks can find it (torch's store, for one)."""
+    so that the other ranks can find it (torch's store, for one). ``watch`` is called
+    every 50 ms while the job gathers: what it raises (a rank's process that died before
+    joining, say) ends the start at once and is raised here."""
     cfg = job_secret.resolve(cfg, timeout)  # the secret a rendezvous hosted here needs
     runtime = Runtime()
     server = None
@@ -99,7 +103,10 @@ def start(cfg: LaunchConfig, timeout: float,
             port = runtime.call(server.start())
             if announce is not None:
                 announce(host[0], port)
-        session = runtime.call(join(cfg, timeout, server))
+        if watch is None:
+            session = runtime.call(join(cfg, timeout, server))
+        else:
+            session = _watched(runtime.submit(join(cfg, timeout, server)), watch)
     except BaseException:
         if server is not None:
             runtime.call(server.close())
@@ -107,3 +114,18 @@ def start(cfg: LaunchConfig, timeout: float,
         job_secret.joined(cfg)
         raise
     return Door(session, runtime)
+
+
+def _watched(joined: concurrent.futures.Future[Session], watch: Callable[[], None]) -> Session:
+    """The session ``joined`` gives, calling ``watch`` every 50 ms until then; when
+    ``watch`` raises, the join is cancelled (it closes what it opened)."""
+    while True:
+        try:
+            return joined.result(timeout=0.05)
+        except concurrent.futures.TimeoutError:
+            pass
+        try:
+            watch()
+        except BaseException:
+            joined.cancel()
+            raise
