@@ -134,6 +134,14 @@ class Parent:
             else:
                 view[self.env_row[env_ids], self.slot_of[env_ids]] = batch
 
+    def addressing(self, env_ids: np.ndarray) -> tuple[list[int], np.ndarray]:
+        """The workers of ``env_ids`` and their masks (one row each)."""
+        workers = sorted(set(self.worker_of[env_ids].tolist()))
+        masks = np.zeros((len(workers), self.layout.slots), np.uint8)
+        row = {w: i for i, w in enumerate(workers)}
+        masks[[row[w] for w in self.worker_of[env_ids].tolist()], self.slot_of[env_ids]] = 1
+        return workers, masks
+
     def send(self, op: int, workers: list[int], payloads: list[Any] | None = None,
              masks: np.ndarray | None = None, split: bool = False,
              all_answer: bool = False) -> int:

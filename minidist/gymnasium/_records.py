@@ -214,3 +214,23 @@ def batch_view(rows: np.ndarray, leaf: Leaf, base: int) -> np.ndarray:
     start = base + leaf.offset
     return rows[:, start:start + leaf.nbytes].view(leaf.dtype).reshape(
         (rows.shape[0], *leaf.shape))
+
+
+def flat_actions(lay: Layout, space: spaces.Space, actions: Any,
+                 n: int) -> list[np.ndarray] | None:
+    """The leaf batches of ``n`` actions of single-env ``space`` to write as raw bytes;
+    None when they travel pickled: the space is not flat, or the actions are of another
+    dtype than the space's (they reach the envs as given, as gymnasium passes them).
+    ValueError for a batch of another length."""
+    if lay.action_leaves is None:
+        return None
+    if type(space) in FLAT:
+        batches = [np.asarray(actions)]
+    else:
+        batches = [np.asarray(b) for b in values(space, actions)]
+    if any(b.dtype != leaf.dtype for b, leaf in zip(batches, lay.action_leaves, strict=True)):
+        return None
+    for b in batches:
+        if len(b) != n:
+            raise ValueError(f"{n} actions expected, {len(b)} given")
+    return batches

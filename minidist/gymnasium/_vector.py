@@ -4,7 +4,6 @@ minidist's shared-memory messages instead of a pipe per env."""
 from __future__ import annotations
 
 import multiprocessing
-import pickle
 from collections.abc import Callable, Sequence
 from copy import deepcopy
 from typing import Any
@@ -14,38 +13,27 @@ from gymnasium import Env, Space, logger
 from gymnasium.error import (
     AlreadyPendingCallError,
     ClosedEnvironmentError,
-    CustomSpaceError,
     NoAsyncCallError,
 )
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import (
-    batch_differing_spaces,
     batch_space,
-    concatenate,
     create_empty_array,
-    create_shared_memory,
     iterate,
 )
 
 from ..env import default_timeout
 from . import _records as rec
-from ._link import TAG_SETUP
+from ._firstk import FirstK
 from ._parent import Parent, Pending, Taken, WorkerLostError
+from ._results import Results
+from ._setup import check_max_concurrency, check_shared_memory, describe, start
 
 __all__ = ["AsyncVectorEnv", "WorkerLostError"]
 
 
-class _Infos:
-    """Batches the infos of ``num_envs`` results (gymnasium's rule, for any count)."""
-
-    _add_info = VectorEnv._add_info
-
-    def __init__(self, num_envs: int) -> None:
-        self.num_envs = num_envs
-
-
-class AsyncVectorEnv(VectorEnv):
+class AsyncVectorEnv(FirstK, VectorEnv):
     """Runs environments in parallel processes, like ``gymnasium.vector.AsyncVectorEnv``
     (the same constructor, methods, autoreset modes, errors and results), stepping them
     through minidist's shared memory instead of a pipe per env.
@@ -92,13 +80,7 @@ class AsyncVectorEnv(VectorEnv):
         self.observation_mode = observation_mode
         self.autoreset_mode = (autoreset_mode if isinstance(autoreset_mode, AutoresetMode)
                                else AutoresetMode(autoreset_mode))
-        if max_concurrency is not None:
-            if not isinstance(max_concurrency, (int, np.integer)):
-                raise ValueError("`max_concurrency` must be an integer or None, got "
-                                 f"{type(max_concurrency)}.")
-            if max_concurrency < 1:
-                raise ValueError(
-                    f"`max_concurrency` must be a positive or None, got {max_concurrency}.")
+        check_max_concurrency(max_concurrency)
         self.max_concurrency = max_concurrency
         if worker is not None:
             raise ValueError("a custom `worker` speaks gymnasium's pipe protocol; use "
@@ -119,82 +101,24 @@ class AsyncVectorEnv(VectorEnv):
         self._state = AsyncState.DEFAULT
         self._parent: Parent | None = None
 
-        dummy_env = env_fns[0]()
-        self.metadata = dict(dummy_env.metadata)
-        self.metadata["autoreset_mode"] = self.autoreset_mode
-        self.render_mode = dummy_env.render_mode
-        self.single_action_space = dummy_env.action_space
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
-        if isinstance(observation_mode, tuple) and len(observation_mode) == 2:
-            if not isinstance(observation_mode[0], Space) or not isinstance(
-                    observation_mode[1], Space):
-                raise TypeError("Expected both elements of observation_mode to be Spaces, "
-                                f"got {type(observation_mode[0])} and "
-                                f"{type(observation_mode[1])}")
-            self.observation_space, self.single_observation_space = observation_mode
-        elif observation_mode == "same":
-            self.single_observation_space = dummy_env.observation_space
-            self.observation_space = batch_space(self.single_observation_space,
-                                                 self.num_envs)
-        elif observation_mode == "different":
-            env_spaces = [fn().observation_space for fn in self.env_fns]
-            self.single_observation_space = env_spaces[0]
-            self.observation_space = batch_differing_spaces(env_spaces)
-        else:
-            raise ValueError("Invalid `observation_mode`, expected: 'same' or 'different' or "
-                             "tuple of single and batch observation space, actual got "
-                             f"{observation_mode}")
-        dummy_env.close()
-        del dummy_env
+        for name, value in describe(env_fns, observation_mode, self.autoreset_mode).items():
+            setattr(self, name, value)
 
         ctx = multiprocessing.get_context(context)
-        if self.shared_memory and not rec.is_flat(self.single_observation_space):
-            try:  # gymnasium's rule for which spaces shared memory can hold
-                create_shared_memory(self.single_observation_space, n=1, ctx=ctx)
-            except CustomSpaceError as e:
-                raise ValueError(
-                    "Using `AsyncVector(..., shared_memory=True)` caused an error, you can "
-                    "disable this feature with `shared_memory=False` however this is "
-                    "slower.") from e
+        check_shared_memory(self.shared_memory, self.single_observation_space, ctx)
         self.observations = create_empty_array(self.single_observation_space,
                                                n=self.num_envs, fn=np.zeros)
         self._layout = rec.layout(len(blocks[0]), self.single_action_space,
                                   self.single_observation_space)
         self._timeout = default_timeout_of(timeout)
-        self._failed: dict[int, str] = {}  # env -> the error that shut it down
+        self._read = Results(self._layout, self.single_observation_space)
+        self._failed = self._read.failed  # env -> the error that shut it down
         self._in_flight = np.zeros(self.num_envs, bool)  # sent, not yet received (first-k)
         self._stale: Pending | None = None  # a receive a timeout left running
-        spaces = (self.single_observation_space, self.single_action_space)
-        collective = self.batch_size == self.num_envs
-        if ranks is None:
-            from ._job import Job
-
-            semaphore = (ctx.BoundedSemaphore(max_concurrency)
-                         if max_concurrency is not None else None)
-            self._job = Job(ctx, blocks, list(env_fns), self._layout, self.autoreset_mode,
-                            semaphore, spaces, collective, daemon, self._timeout,
-                            type(self).__name__)
-            link, worker_ranks = self._job.link, self._job.ranks
-            restart, death = self._job.restart if self.restart_failed else None, self._job.death
-            group = link.new_group([0, *worker_ranks], self._timeout) if collective else None
-            for r in worker_ranks if collective else ():
-                link.send_object(group, r, tag=TAG_SETUP)
-        else:
-            from ._serve import Remote
-
-            if max_concurrency is not None:
-                raise ValueError("max_concurrency needs the vector env's own processes; "
-                                 "it does not apply with ranks=")
-            self._job = Remote(ranks, blocks, list(env_fns), self._layout,
-                               self.autoreset_mode, spaces, collective, self._timeout)
-            link, worker_ranks, restart, death = self._job.link, ranks, None, self._job.death
-            group = self._job.group
-        self._parent = Parent(link, worker_ranks, blocks, self._layout, group, restart, death,
-                              self._timeout)
+        self._job, self._parent = start(self, ctx, blocks, ranks, max_concurrency)
         self._workers = list(range(len(blocks)))
         self._lock_rows = self._parent.rows
         self._first_rows = np.zeros((self.batch_size, self._layout.reply_size), np.uint8)
-        self._flat_action = type(self.single_action_space) in rec.FLAT
         try:
             self._check_spaces()
         except BaseException:
@@ -308,7 +232,8 @@ class AsyncVectorEnv(VectorEnv):
         if self._state != AsyncState.WAITING_CALL:
             raise NoAsyncCallError("Calling `call_wait` without any prior call to "
                                    "`call_async`.", AsyncState.WAITING_CALL.value)
-        results = self._objects(self._take_all("call_wait", timeout))
+        results = self._read.objects(self._parent.in_env_order(
+            self._take_all("call_wait", timeout)))
         self._state = AsyncState.DEFAULT
         return results
 
@@ -333,7 +258,7 @@ class AsyncVectorEnv(VectorEnv):
         self._check_usable(None)
         self._parent.send(rec.SET_ATTR, self._workers,
                           [(name, list(values[b.start:b.stop])) for b in self._parent.blocks])
-        self._objects(self._take_all("set_attr", None))
+        self._read.objects(self._parent.in_env_order(self._take_all("set_attr", None)))
 
     def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
         """Stop the envs and their processes (``terminate``: kill them at once; a
@@ -364,69 +289,6 @@ class AsyncVectorEnv(VectorEnv):
         if not graceful:
             self._job.kill()
         self._job.close(graceful)
-
-    # ------------------------------------------------------------------ first k (EnvPool)
-
-    def async_reset(self, seed: int | list[int | None] | None = None,
-                    options: dict[str, Any] | None = None) -> None:
-        """Start resetting every env; :meth:`recv` takes the first ``batch_size``."""
-        self._assert_is_running()
-        seeds = self._seeds(seed)
-        self._idle("async_reset")
-        self._nothing_in_flight("async_reset")
-        self._check_usable(None)
-        self._parent.send(rec.RESET, self._workers,
-                          [(seeds[b.start:b.stop], options) for b in self._parent.blocks],
-                          split=self._parent.group is None)
-        self._in_flight[:] = True
-
-    def send(self, actions: Any, env_ids: Any = None) -> None:
-        """Send the envs ``env_ids`` (default: every env) their actions (``actions[i]``
-        for ``env_ids[i]``); they step while the caller goes on."""
-        self._assert_is_running()
-        self._idle("send")
-        ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids)
-        if ids.ndim != 1 or ids.dtype.kind not in "iu" or len(np.unique(ids)) != len(ids) \
-                or (len(ids) and (ids.min() < 0 or ids.max() >= self.num_envs)):
-            raise ValueError(f"env_ids must be distinct env indices 0..{self.num_envs - 1}, "
-                             f"not {env_ids!r}")
-        if self._parent.group is not None and len(ids) != self.num_envs:
-            raise ValueError(f"with batch_size == num_envs ({self.num_envs}), send every env "
-                             f"its action at once, not {len(ids)}")
-        busy = ids[self._in_flight[ids]]
-        if len(busy):
-            raise AlreadyPendingCallError(
-                f"Calling `send` for env(s) {busy.tolist()} still stepping: `recv` them "
-                "first", "step")
-        self._check_usable(ids)
-        self._send_actions(actions, ids)
-        self._in_flight[ids] = True
-
-    def recv(self, timeout: float | None = None) -> tuple[Any, np.ndarray, np.ndarray,
-                                                          np.ndarray, dict]:
-        """The first ``batch_size`` envs to finish their step (or reset): batched
-        observations, rewards, terminations, truncations and infos, in the order they
-        came; ``infos["env_id"]`` says which env each row is."""
-        self._assert_is_running()
-        self._idle("recv")
-        k = self.batch_size
-        flying = int(np.count_nonzero(self._in_flight))
-        if flying < k:
-            raise NoAsyncCallError(
-                f"Calling `recv` with {flying} env(s) stepping, fewer than batch_size={k}: "
-                "`send` actions (or `async_reset`) first", "step")
-        self._finish_stale()
-        if self._parent.group is not None:  # k is every env: one gather
-            taken = self._parent.in_env_order(
-                self._take(self._lock_rows, k, False, timeout, "recv"))
-        else:
-            taken = self._take(self._first_rows, k, True, timeout, "recv")
-        ids = taken.records[:, 0:4].view(np.int32)[:, 0].copy()
-        self._in_flight[ids] = False
-        obs = create_empty_array(self.single_observation_space, n=k, fn=np.zeros)
-        obs, rewards, terms, truncs, infos = self._results(taken, obs)
-        infos["env_id"] = ids
-        return obs, rewards, terms, truncs, infos
 
     # ------------------------------------------------------------------ inside
 
@@ -469,32 +331,17 @@ class AsyncVectorEnv(VectorEnv):
                                "gymnasium's AsyncVectorEnv does); close this vector env")
 
     def _send_actions(self, actions: Any, env_ids: np.ndarray | None) -> None:
-        p, lay = self._parent, self._layout
+        p = self._parent
         n = self.num_envs if env_ids is None else len(env_ids)
-        space = (self.action_space if env_ids is None
-                 else batch_space(self.single_action_space, n))
         split = env_ids is not None and p.group is None
-        if not split:
-            workers, masks = self._workers, None
-        else:
-            workers = sorted(set(p.worker_of[env_ids].tolist()))
-            masks = np.zeros((len(workers), lay.slots), np.uint8)
-            row = {w: i for i, w in enumerate(workers)}
-            masks[[row[w] for w in p.worker_of[env_ids].tolist()], p.slot_of[env_ids]] = 1
-        if lay.action_leaves is not None:
-            batches = ([np.asarray(actions)] if self._flat_action
-                       else [np.asarray(b) for b in rec.values(self.single_action_space,
-                                                               actions)])
-            # actions of another dtype than the space's reach the envs as they are
-            # (pickled), as gymnasium passes them
-            if all(b.dtype == leaf.dtype for b, leaf in zip(batches, lay.action_leaves,
-                                                           strict=True)):
-                for b in batches:
-                    if len(b) != n:
-                        raise ValueError(f"{n} actions expected, {len(b)} given")
-                p.put_actions(batches, env_ids=env_ids)
-                p.send(rec.STEP, workers, masks=masks, split=split)
-                return
+        workers, masks = (p.addressing(env_ids) if split else (self._workers, None))
+        batches = rec.flat_actions(self._layout, self.single_action_space, actions, n)
+        if batches is not None:
+            p.put_actions(batches, env_ids=env_ids)
+            p.send(rec.STEP, workers, masks=masks, split=split)
+            return
+        space = self.action_space if env_ids is None else batch_space(
+            self.single_action_space, n)
         acts = list(iterate(space, actions))
         if len(acts) != n:
             raise ValueError(f"{n} actions expected, {len(acts)} given")
@@ -506,7 +353,9 @@ class AsyncVectorEnv(VectorEnv):
     def _take(self, rows: np.ndarray, want: int, split: bool, timeout: float | None,
               what: str) -> Taken:
         try:
-            return self._parent.take(rows, want, split, timeout)
+            taken = self._parent.take(rows, want, split, timeout)
+            self._state = AsyncState.DEFAULT  # the call is over, whatever it returned
+            return taken
         except Pending as e:
             self._stale = e
             self._state = AsyncState.DEFAULT
@@ -518,9 +367,7 @@ class AsyncVectorEnv(VectorEnv):
 
     def _take_all(self, what: str, timeout: float | None) -> Taken:
         self._finish_stale()
-        taken = self._take(self._lock_rows, self.num_envs, False, timeout, what)
-        self._raise_if_errors(taken)
-        return taken
+        return self._take(self._lock_rows, self.num_envs, False, timeout, what)
 
     def _finish_stale(self) -> None:
         if self._stale is not None:
@@ -532,80 +379,18 @@ class AsyncVectorEnv(VectorEnv):
         taken = self._parent.in_env_order(
             self._take(self._lock_rows, self.num_envs, False, timeout, what))
         self._state = AsyncState.DEFAULT
-        obs, rewards, terms, truncs, infos = self._results(taken, self.observations)
+        obs, rewards, terms, truncs, infos = self._read.steps(taken, self.observations)
         self.observations = obs
         if self.copy:
             obs = obs.copy() if type(obs) is np.ndarray else deepcopy(obs)
         return obs, rewards, terms, truncs, infos
 
-    def _payload(self, taken: Taken, i: int) -> Any:
-        data = taken.payloads.get(i)
-        if data is None:
-            n = int(taken.records[i, 16:20].view(np.int32)[0])
-            off = self._layout.record_payload_offset
-            data = taken.records[i, off:off + n].tobytes()
-        return pickle.loads(data)
-
-    def _results(self, taken: Taken, obs_out: Any) -> tuple:
-        """Observations (into ``obs_out``), rewards, terminations, truncations, infos of
-        records in output order."""
-        recs = taken.records
-        self._raise_if_errors(taken)
-        k = len(recs)
-        lengths = recs[:, 16:20].view(np.int32)[:, 0]
-        infos: dict[str, Any] = {}
-        batch = self if k == self.num_envs else _Infos(k)
-        obs_list: list[Any] | None = None if self._layout.obs_leaves else [None] * k
-        if lengths.any():
-            flags = recs[:, 7]
-            for i in np.flatnonzero(lengths).tolist():
-                got = self._payload(taken, i)
-                if flags[i] & rec.F_OBS:
-                    obs_list[i], got = got
-                if got:
-                    infos = batch._add_info(infos, got, i)
-        if obs_list is None:
-            for leaf, out in zip(self._layout.obs_leaves,
-                                 rec.values(self.single_observation_space, obs_out),
-                                 strict=True):
-                out[...] = rec.batch_view(recs, leaf, rec.RECORD_HEAD)
-        else:
-            obs_out = concatenate(self.single_observation_space, obs_list, obs_out)
-        rewards = recs[:, 8:16].view(np.float64)[:, 0].copy()
-        return (obs_out, rewards, recs[:, 5].astype(np.bool_), recs[:, 6].astype(np.bool_),
-                infos)
-
-    def _objects(self, taken: Taken) -> tuple[Any, ...]:
-        ordered = self._parent.in_env_order(taken)
-        lengths = ordered.records[:, 16:20].view(np.int32)[:, 0]
-        return tuple(self._payload(ordered, i) if lengths[i] else None
-                     for i in range(self.num_envs))
-
-    def _raise_if_errors(self, taken: Taken) -> None:
-        """gymnasium's report of envs that raised: each logged, the last raised."""
-        recs = taken.records
-        if not recs[:, 4].any():
-            return
-        errors = np.flatnonzero(recs[:, 4] == rec.ERROR).tolist()
-        self._state = AsyncState.DEFAULT
-        last = None
-        for n, i in enumerate(errors):
-            env_id = int(recs[i, 0:4].view(np.int32)[0])
-            etype, value, trace = self._payload(taken, i)
-            self._failed.setdefault(env_id, f"{etype.__name__}: {value}")
-            logger.error(f"Received the following error from Worker-{env_id} - Shutting it "
-                         "down")
-            logger.error(f"{trace}")
-            if n == len(errors) - 1:
-                logger.error("Raising the last exception back to the main process.")
-                last = value
-        raise last
-
     def _check_spaces(self) -> None:
         self._parent.send(rec.CHECK, self._workers,
                           [(self.observation_mode, self.single_observation_space,
                             self.single_action_space)] * len(self._workers))
-        results = self._objects(self._take_all("check_spaces", None))
+        results = self._read.objects(self._parent.in_env_order(
+            self._take_all("check_spaces", None)))
         same_obs, same_act = zip(*results, strict=True)
         if not all(same_obs):
             if self.observation_mode == "same":

@@ -294,15 +294,18 @@ def test_restart_failed_rebuilds_the_env_and_goes_on(batch_size, no_leftovers):
         if batch_size is not None:
             env.async_reset()
             expected[:] = 0
-        for t in range(24):
+        t = 0
+        while t < 24 or (restarts < 8 and t < 200):  # first-k: the last may come late
+            t += 1
+            kill = t <= 24 and t % 3 == 1
             if batch_size is None:
                 env.step_async(np.ones(4, int))
-                if t % 3 == 1:
+                if kill:
                     _kill_worker_of_pid(env, t % 4)
                 obs, _, _, _, info = env.step_wait()
                 ids = np.arange(4)
             else:
-                if t % 3 == 1:
+                if kill:
                     _kill_worker_of_pid(env, int(np.argmax(env._in_flight)))
                 obs, _, _, _, info = env.recv()
                 ids = info["env_id"]
@@ -317,3 +320,16 @@ def test_restart_failed_rebuilds_the_env_and_goes_on(batch_size, no_leftovers):
         assert restarts == 8
     finally:
         env.close()
+
+
+# ---------------------------------------------------------------------- ranks of a job
+
+
+def test_envs_on_the_ranks_of_a_running_job():
+    from ..processes.harness import Job
+
+    script = __import__("pathlib").Path(__file__).parent / "scripts" / "serve_job.py"
+    with Job(3, script) as job:
+        rc = job.wait(timeout=90)
+        assert rc == 0, job.out + job.err
+        assert "SERVED" in job.out
