@@ -228,29 +228,31 @@ class Parent:
         count = 0
         while count < want:
             try:
-                senders = self._receive(rows, timeout)
+                got, senders = self._receive(rows, timeout)
             except PeerLostError as e:
                 self._lost(e)
                 continue
-            count = self._sort(rows, senders, fresh, payloads, count)
+            count = self._sort(got, senders, fresh, payloads, count)
             if count < want and self.group is not None:  # every gather answers one scatter
                 raise RuntimeError(f"the vector env's workers answered {count} of {want} "
                                    "envs (a bug of minidist.gymnasium)")
-            if count < want:  # stale rows took part of it
+            if count < want:  # stale rows took part of it: keep what came, take the rest
+                fresh[-1] = fresh[-1].copy()
                 owed = self.env_seq != -1
                 left = want - count if split else len(np.unique(self.worker_of[owed]))
                 rows = rows[:max(1, min(len(rows), left))]
         recs = np.concatenate(fresh) if len(fresh) > 1 else fresh[0]
         return Taken(recs, payloads)
 
-    def _receive(self, rows: np.ndarray, timeout: float | None) -> np.ndarray:
-        """One receive into ``rows``: the global rank each row came from."""
+    def _receive(self, rows: np.ndarray,
+                 timeout: float | None) -> tuple[np.ndarray, np.ndarray]:
+        """One receive into ``rows``: (the rows to read, the global rank of each)."""
         link = self.link
         if timeout is None:
             if self.group is None:
-                return link.recv_many(rows)
+                return rows, link.recv_many(rows)
             link.gather(self.mine_reply, rows, link.rank, self.group)
-            return self.group_ranks
+            return self._workers_rows(rows)
         if self.group is None:
             future = link.start_many(rows)
         else:
@@ -259,7 +261,14 @@ class Parent:
             got = future.result(timeout)
         except concurrent.futures.TimeoutError:
             raise Pending(future, rows) from None
-        return self.group_ranks if self.group is not None else got
+        return self._workers_rows(rows) if self.group is not None else (rows, got)
+
+    def _workers_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A gather's rows without the parent's own, when it is the first (a private
+        job's), and their ranks."""
+        if self.me_row == 0:
+            return rows[1:], self.group_ranks[1:]
+        return rows, self.group_ranks
 
     def _sort(self, rows: np.ndarray, senders: np.ndarray, fresh: list[np.ndarray],
               payloads: dict[int, bytes], count: int) -> int:
@@ -283,8 +292,8 @@ class Parent:
                 data = self.link.recv_object(int(rank_of[i]))
                 if keep[i]:
                     payloads[count + int(np.count_nonzero(keep[:i]))] = data
-        if keep.all():
-            fresh.append(recs.copy())
+        if keep.all():  # (read before the next receive into ``rows``)
+            fresh.append(recs)
             return count + len(recs)
         fresh.append(recs[keep])
         return count + int(np.count_nonzero(keep))
@@ -295,8 +304,9 @@ class Parent:
             got = pending.future.result(self.timeout)
         except (PeerLostError, concurrent.futures.TimeoutError):
             return
-        senders = np.asarray(self.group.ranks) if self.group is not None else got
-        self._sort(pending.rows, senders, [], {}, 0)
+        rows, senders = (self._workers_rows(pending.rows) if self.group is not None
+                         else (pending.rows, got))
+        self._sort(rows, senders, [], {}, 0)
 
     def in_env_order(self, taken: Taken) -> Taken:
         """The records of every env (all answered) in env order."""

@@ -17,6 +17,7 @@ from gymnasium.error import (
 )
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
+from gymnasium.vector.async_vector_env import AsyncVectorEnv as GymnasiumAsyncVectorEnv
 from gymnasium.vector.utils import (
     batch_space,
     create_empty_array,
@@ -53,6 +54,18 @@ class AsyncVectorEnv(FirstK, VectorEnv):
       ``MINIDIST_TIMEOUT`` or 300); workers wait for their next command without limit.
     """
 
+    def __new__(cls, env_fns: Sequence[Callable[[], Env]], *args: Any, **kwargs: Any) -> Any:
+        """A custom ``worker=`` speaks gymnasium's pipe protocol: such a vector env is
+        gymnasium's own ``AsyncVectorEnv`` (the same arguments but minidist's own)."""
+        worker = kwargs.get("worker", args[4] if len(args) > 4 else None)
+        if worker is None:
+            return super().__new__(cls)
+        mine = {"num_workers", "batch_size", "restart_failed", "ranks", "timeout"}
+        if mine & set(kwargs):
+            raise ValueError(f"{sorted(mine & set(kwargs))} do not apply with a custom "
+                             "`worker` (it runs on gymnasium's own AsyncVectorEnv)")
+        return GymnasiumAsyncVectorEnv(env_fns, *args, **kwargs)
+
     def __init__(
         self,
         env_fns: Sequence[Callable[[], Env]],
@@ -82,9 +95,6 @@ class AsyncVectorEnv(FirstK, VectorEnv):
                                else AutoresetMode(autoreset_mode))
         check_max_concurrency(max_concurrency)
         self.max_concurrency = max_concurrency
-        if worker is not None:
-            raise ValueError("a custom `worker` speaks gymnasium's pipe protocol; use "
-                             "gymnasium.vector.AsyncVectorEnv for it")
         self.num_envs = len(env_fns)
         if ranks is not None:
             ranks = [int(r) for r in ranks]

@@ -22,6 +22,7 @@ from gymnasium.error import (  # noqa: E402
 )
 from gymnasium.utils.env_checker import data_equivalence  # noqa: E402
 from gymnasium.vector import AutoresetMode, SyncVectorEnv  # noqa: E402
+from gymnasium.vector.async_vector_env import _async_worker  # noqa: E402
 
 from minidist.gymnasium import AsyncVectorEnv, WorkerLostError  # noqa: E402
 
@@ -201,8 +202,18 @@ def test_bad_arguments_change_nothing():
         with pytest.raises(ValueError):
             AsyncVectorEnv(fns, **kwargs)
     with pytest.raises(ValueError, match="custom `worker`"):
-        AsyncVectorEnv(fns, worker=lambda *a: None)
+        AsyncVectorEnv(fns, worker=_async_worker, num_workers=1)
     assert not multiprocessing.active_children()
+
+
+def test_a_custom_worker_runs_on_gymnasiums_class(no_leftovers):
+    env = AsyncVectorEnv([partial(Counter, i) for i in range(2)], worker=_async_worker)
+    try:
+        assert type(env) is gym.vector.AsyncVectorEnv
+        obs, *_ = env.step(np.array([2, 1])) if env.reset() else None
+        assert obs[:, 1].tolist() == [2, 1]
+    finally:
+        env.close()
 
 
 # ---------------------------------------------------------------------- first k
