@@ -20,7 +20,7 @@ from typing import Any
 
 from gymnasium.vector.utils import CloudpickleWrapper, clear_mpi_env_vars
 
-from .. import startup
+from .. import segments, startup
 from ..door import Door
 from ..env import LaunchConfig
 from . import _records as rec
@@ -154,11 +154,14 @@ class Job:
     # ------------------------------------------------------------------ closing
 
     def close(self, graceful: bool) -> None:
-        """Leave the job, then wait for the workers' processes (killing stragglers)."""
+        """Leave the job, then wait for the workers' processes (killing stragglers) and
+        remove the names in /dev/shm that processes killed meanwhile left behind."""
+        job = self.door.job
         try:
             self.door.leave(graceful=graceful)
         finally:
             self.join()
+            segments.sweep(job)
 
     def join(self) -> None:
         deadline = time.monotonic() + JOIN_GRACE

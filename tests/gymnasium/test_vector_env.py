@@ -34,15 +34,26 @@ def shm_names() -> set[str]:
 
 
 @pytest.fixture
-def no_leftovers():
-    """The test leaves no child process and no minidist name in /dev/shm behind."""
-    before = shm_names()
+def no_leftovers(monkeypatch):
+    """The test leaves no child process behind, and no name in /dev/shm of the jobs of
+    the vector envs it made."""
+    from minidist.gymnasium import _job
+
+    jobs = []
+    start = _job.Job.__init__
+
+    def recorded(self, *args, **kwargs):
+        start(self, *args, **kwargs)
+        jobs.append(self.door.job)
+
+    monkeypatch.setattr(_job.Job, "__init__", recorded)
     yield
     deadline = time.monotonic() + 10
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not multiprocessing.active_children()
-    assert shm_names() - before == set()
+    left = {n for n in shm_names() for j in jobs if n.startswith(f"minidist-{j}-")}
+    assert not left
 
 
 def run_both(make, actions: list, **kwargs) -> tuple[list, list]:
@@ -299,6 +310,7 @@ def test_restart_failed_rebuilds_the_env_and_goes_on(batch_size, no_leftovers):
                          restart_failed=True, batch_size=batch_size)
     expected = np.zeros(4, int)  # the count each env's next result shows
     restarts = 0
+    awaiting: set[int] = set()  # killed, restart not yet reported
     try:
         env.reset()
         expected[:] = 1
@@ -306,9 +318,9 @@ def test_restart_failed_rebuilds_the_env_and_goes_on(batch_size, no_leftovers):
             env.async_reset()
             expected[:] = 0
         t = 0
-        while t < 24 or (restarts < 8 and t < 200):  # first-k: the last may come late
+        while t < 30 or (restarts < 10 and t < 200):  # first-k: the last may come late
             t += 1
-            kill = t <= 24 and t % 3 == 1
+            kill = t <= 30 and t % 3 == 1
             if batch_size is None:
                 env.step_async(np.ones(4, int))
                 if kill:
@@ -316,19 +328,23 @@ def test_restart_failed_rebuilds_the_env_and_goes_on(batch_size, no_leftovers):
                 obs, _, _, _, info = env.step_wait()
                 ids = np.arange(4)
             else:
-                if kill:
-                    _kill_worker_of_pid(env, int(np.argmax(env._in_flight)))
+                if kill:  # an env stepping whose last restart was reported
+                    victim = next(i for i in np.flatnonzero(env._in_flight).tolist()
+                                  if i not in awaiting)
+                    awaiting.add(victim)
+                    _kill_worker_of_pid(env, victim)
                 obs, _, _, _, info = env.recv()
                 ids = info["env_id"]
             back = info["restarted"] & info["_restarted"] if "restarted" in info else \
                 np.zeros(len(ids), bool)
             restarts += int(back.sum())
+            awaiting.difference_update(ids[back].tolist())
             assert obs[:, 0].tolist() == ids.tolist()
             assert obs[:, 1].tolist() == np.where(back, 0, expected[ids]).tolist()
             expected[ids] = obs[:, 1] + 1
             if batch_size is not None:
                 env.send(np.ones(len(ids), int), ids)
-        assert restarts == 8
+        assert restarts == 10
     finally:
         env.close()
 
