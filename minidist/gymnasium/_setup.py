@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from gymnasium import Env, Space
@@ -16,9 +16,6 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space, create_s
 from . import _records as rec
 from ._link import TAG_SETUP
 from ._parent import Parent
-
-if TYPE_CHECKING:
-    from ._vector import AsyncVectorEnv
 
 
 def check_max_concurrency(value: Any) -> None:
@@ -76,10 +73,11 @@ def check_shared_memory(shared_memory: bool, space: Space, ctx: Any) -> None:
             "this feature with `shared_memory=False` however this is slower.") from e
 
 
-def start(env: AsyncVectorEnv, ctx: multiprocessing.context.BaseContext,
-          blocks: list[range], ranks: list[int] | None,
-          max_concurrency: int | None) -> tuple[Any, Parent]:
-    """Start ``env``'s workers: (its job, the parent's side of its messages)."""
+def start(env: Any, ctx: multiprocessing.context.BaseContext, blocks: list[range],
+          ranks: list[int] | None, max_concurrency: int | None, layout: rec.Layout,
+          timeout: float) -> tuple[Any, Parent]:
+    """Start the workers of ``env`` (a vector env, its spaces and options set): (its
+    job, the parent's side of its messages)."""
     spaces = (env.single_observation_space, env.single_action_space)
     collective = env.batch_size == env.num_envs
     fns = list(env.env_fns)
@@ -88,11 +86,11 @@ def start(env: AsyncVectorEnv, ctx: multiprocessing.context.BaseContext,
 
         semaphore = (ctx.BoundedSemaphore(max_concurrency)
                      if max_concurrency is not None else None)
-        job = Job(ctx, blocks, fns, env._layout, env.autoreset_mode, semaphore, spaces,
-                  collective, env.daemon, env._timeout, type(env).__name__)
+        job = Job(ctx, blocks, fns, layout, env.autoreset_mode, semaphore, spaces,
+                  collective, env.daemon, timeout, type(env).__name__)
         link, worker_ranks = job.link, job.ranks
         restart = job.restart if env.restart_failed else None
-        group = link.new_group([0, *worker_ranks], env._timeout) if collective else None
+        group = link.new_group([0, *worker_ranks], timeout) if collective else None
         for r in worker_ranks if collective else ():
             link.send_object(group, r, tag=TAG_SETUP)
     else:
@@ -101,8 +99,7 @@ def start(env: AsyncVectorEnv, ctx: multiprocessing.context.BaseContext,
         if max_concurrency is not None or env.restart_failed:
             raise ValueError("max_concurrency and restart_failed need the vector env's own "
                              "processes; they do not apply with ranks=")
-        job = Remote(ranks, blocks, fns, env._layout, env.autoreset_mode, spaces,
-                     collective, env._timeout)
+        job = Remote(ranks, blocks, fns, layout, env.autoreset_mode, spaces, collective,
+                     timeout)
         link, worker_ranks, restart, group = job.link, ranks, None, job.group
-    return job, Parent(link, worker_ranks, blocks, env._layout, group, restart, job.death,
-                       env._timeout)
+    return job, Parent(link, worker_ranks, blocks, layout, group, restart, job.death, timeout)

@@ -125,7 +125,8 @@ class AsyncVectorEnv(FirstK, VectorEnv):
         self._failed = self._read.failed  # env -> the error that shut it down
         self._in_flight = np.zeros(self.num_envs, bool)  # sent, not yet received (first-k)
         self._stale: Pending | None = None  # a receive a timeout left running
-        self._job, self._parent = start(self, ctx, blocks, ranks, max_concurrency)
+        self._job, self._parent = start(self, ctx, blocks, ranks, max_concurrency,
+                                        self._layout, self._timeout)
         self._workers = list(range(len(blocks)))
         self._lock_rows = self._parent.rows
         self._first_rows = np.zeros((self.batch_size, self._layout.reply_size), np.uint8)

@@ -70,6 +70,10 @@ FOREIGN_PRIVATE_API: tuple[str, ...] = (
     "minidist/torch/_shrink.py:new_backend._set_group_name",
     "minidist/torch/_work.py:torch._C",
     "minidist/torch/_work.py:torch._C._distributed_c10d",
+    # gymnasium: the rule by which every vector env batches its envs' infos (a method
+    # of VectorEnv with no public counterpart), for batches of any count
+    "minidist/gymnasium/_results.py:VectorEnv._add_info",
+    "minidist/gymnasium/_results.py:batch._add_info",
     # torch.nn.Module's buffers (a shared module puts its buffers in place)
     "minidist/torch/_shared.py:e.owner._buffers",
     # torch's NCCL bindings and CUDA streams, which minidist_native binds by design
