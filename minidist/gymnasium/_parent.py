@@ -320,8 +320,8 @@ class Parent:
         """Workers died: raise WorkerLostError, or start them again and send what is
         owed again (on the collective channel: a new group first, to everyone)."""
         workers = [self.rank_index[r] for r in e.ranks if r in self.rank_index]
-        if not workers or e.left:
-            self._give_up(workers[0] if workers else None, e)
+        if not workers:
+            raise e
         if self.restart is None:
             self._give_up(workers[0], e)
         for w in workers:

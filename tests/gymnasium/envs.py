@@ -115,3 +115,12 @@ class Broken(Counter):
         if int(action) == 2:
             raise ValueError(f"env {self.ident} refuses action 2")
         return super().step(action)
+
+
+class Quitter(Counter):
+    """A Counter whose process exits (status 0) when stepped with action 2."""
+
+    def step(self, action):
+        if int(action) == 2:
+            os._exit(0)
+        return super().step(action)

@@ -26,7 +26,7 @@ from gymnasium.vector.async_vector_env import _async_worker  # noqa: E402
 
 from minidist.gymnasium import AsyncVectorEnv, WorkerLostError  # noqa: E402
 
-from .envs import Broken, Counter, Rich, Words  # noqa: E402
+from .envs import Broken, Counter, Quitter, Rich, Words  # noqa: E402
 
 
 def shm_names() -> set[str]:
@@ -360,3 +360,43 @@ def test_envs_on_the_ranks_of_a_running_job():
         rc = job.wait(timeout=90)
         assert rc == 0, job.out + job.err
         assert "SERVED" in job.out
+
+
+def test_a_stopped_worker_gives_right_results_after_sigcont(no_leftovers):
+    env = AsyncVectorEnv([partial(Counter, i, limit=10**6) for i in range(4)])
+    try:
+        env.reset()
+        for t in range(1, 31):
+            env.step_async(np.full(4, 1))
+            if t % 10 == 5:
+                pid = env._job.processes[t % 4].pid
+                os.kill(pid, signal.SIGSTOP)
+                time.sleep(0.5)
+                os.kill(pid, signal.SIGCONT)
+            obs, *_ = env.step_wait()
+            assert obs[:, 1].tolist() == [t] * 4
+            assert obs[:, 0].tolist() == [0, 1, 2, 3]
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("restart_failed", [False, True])
+def test_a_worker_that_exits_mid_step(restart_failed, no_leftovers):
+    env = AsyncVectorEnv([partial(Quitter, i, limit=10**6) for i in range(3)],
+                         restart_failed=restart_failed)
+    try:
+        env.reset()
+        env.step(np.array([1, 1, 1]))
+        if not restart_failed:
+            with pytest.raises(WorkerLostError, match="env 1 (left|died)"):
+                env.step(np.array([1, 2, 1]))
+            with pytest.raises(RuntimeError, match="lost a worker"):
+                env.step(np.array([1, 1, 1]))
+            return
+        obs, _, _, _, info = env.step(np.array([1, 2, 1]))
+        assert obs[:, 1].tolist() == [2, 0, 2]
+        assert info["_restarted"].tolist() == [False, True, False]
+        obs, *_ = env.step(np.array([1, 1, 1]))
+        assert obs[:, 1].tolist() == [3, 1, 3]
+    finally:
+        env.close()
