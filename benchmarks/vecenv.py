@@ -165,8 +165,12 @@ def main() -> None:
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--json", help="write every run's figure here")
     p.add_argument("--plot", help="a PNG of steps/s against W (needs matplotlib)")
+    p.add_argument("--replot", help="only draw --plot from this --json file of results")
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.replot:
+        plot(json.loads(Path(args.replot).read_text())["results"], args.plot or "vecenv.png")
+        return
     if args.one:
         print(MARK + json.dumps(one(args.one, int(args.envs), args.env, args.seconds,
                                     args.warmup, args.k)), flush=True)
