@@ -47,11 +47,16 @@ def no_leftovers(monkeypatch):
         jobs.append(self.door.job)
 
     monkeypatch.setattr(_job.Job, "__init__", recorded)
+    before = {p.pid for p in multiprocessing.active_children()}
+
+    def ours() -> list:
+        return [p for p in multiprocessing.active_children() if p.pid not in before]
+
     yield
     deadline = time.monotonic() + 10
-    while multiprocessing.active_children() and time.monotonic() < deadline:
+    while ours() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not multiprocessing.active_children()
+    assert not ours()
     left = {n for n in shm_names() for j in jobs if n.startswith(f"minidist-{j}-")}
     assert not left
 
