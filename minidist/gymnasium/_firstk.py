@@ -20,9 +20,7 @@ class FirstK:
         """Start resetting every env; :meth:`recv` takes the first ``batch_size``."""
         self._assert_is_running()
         seeds = self._seeds(seed)
-        self._idle("async_reset")
-        self._nothing_in_flight("async_reset")
-        self._check_usable(None)
+        self._begin("async_reset")
         self._parent.send(rec.RESET, self._workers,
                           [(seeds[b.start:b.stop], options) for b in self._parent.blocks],
                           split=self._parent.group is None)

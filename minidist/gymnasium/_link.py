@@ -56,19 +56,22 @@ class Link:
 
     def scatter(self, output: np.ndarray, input: np.ndarray | None, src: int,
                 group: Group) -> None:
-        d = self.door
-        if d.rooted_again("scatter", output, input, src, group):
-            return
-        item = d.plan.prepare_scatter(output, input, src, group, None)
-        d.wait(item)
-        d.remember_rooted(item, group, output, input)
+        self._rooted("scatter", output, input, src, group)
 
     def gather(self, input: np.ndarray, output: np.ndarray | None, dst: int,
                group: Group) -> None:
+        self._rooted("gather", output, input, dst, group)
+
+    def _rooted(self, kind: str, output: np.ndarray | None, input: np.ndarray | None,
+                root: int, group: Group) -> None:
+        """A blocking scatter or gather: run again as planned when it repeats the last."""
         d = self.door
-        if d.rooted_again("gather", output, input, dst, group):
+        if d.rooted_again(kind, output, input, root, group):
             return
-        item = d.plan.prepare_gather(input, output, dst, group, None)
+        if kind == "scatter":
+            item = d.plan.prepare_scatter(output, input, root, group, None)
+        else:
+            item = d.plan.prepare_gather(input, output, root, group, None)
         d.wait(item)
         d.remember_rooted(item, group, output, input)
 

@@ -160,10 +160,7 @@ class AsyncVectorEnv(FirstK, VectorEnv):
         """Start resetting every env (or those of ``options["reset_mask"]``)."""
         self._assert_is_running()
         seeds = self._seeds(seed)
-        if self._state != AsyncState.DEFAULT:
-            raise AlreadyPendingCallError(
-                f"Calling `reset_async` while waiting for a pending call to "
-                f"`{self._state.value}` to complete", str(self._state.value))
+        self._idle("reset_async", end="")  # (gymnasium's message has no full stop here)
         self._nothing_in_flight("reset_async")
         masks = None
         if options is not None and "reset_mask" in options:
@@ -197,12 +194,7 @@ class AsyncVectorEnv(FirstK, VectorEnv):
     def step_async(self, actions: Any) -> None:
         """Send every env its action (a batch of :attr:`action_space`)."""
         self._assert_is_running()
-        if self._state != AsyncState.DEFAULT:
-            raise AlreadyPendingCallError(
-                f"Calling `step_async` while waiting for a pending call to "
-                f"`{self._state.value}` to complete.", str(self._state.value))
-        self._nothing_in_flight("step_async")
-        self._check_usable(None)
+        self._begin("step_async")
         self._send_actions(actions, None)
         self._state = AsyncState.WAITING_STEP
 
@@ -227,12 +219,7 @@ class AsyncVectorEnv(FirstK, VectorEnv):
     def call_async(self, name: str, /, *args: object, **kwargs: object) -> None:
         """Start calling ``name`` on every env."""
         self._assert_is_running()
-        if self._state != AsyncState.DEFAULT:
-            raise AlreadyPendingCallError(
-                f"Calling `call_async` while waiting for a pending call to "
-                f"`{self._state.value}` to complete.", str(self._state.value))
-        self._nothing_in_flight("call_async")
-        self._check_usable(None)
+        self._begin("call_async")
         self._parent.send(rec.CALL, self._workers,
                           [(name, args, kwargs)] * len(self._workers))
         self._state = AsyncState.WAITING_CALL
@@ -261,12 +248,7 @@ class AsyncVectorEnv(FirstK, VectorEnv):
             raise ValueError(
                 "Values must be a list or tuple with length equal to the number of "
                 f"environments. Got `{len(values)}` values for {self.num_envs} environments.")
-        if self._state != AsyncState.DEFAULT:
-            raise AlreadyPendingCallError(
-                f"Calling `set_attr` while waiting for a pending call to "
-                f"`{self._state.value}` to complete.", str(self._state.value))
-        self._nothing_in_flight("set_attr")
-        self._check_usable(None)
+        self._begin("set_attr")
         self._parent.send(rec.SET_ATTR, self._workers,
                           [(name, list(values[b.start:b.stop])) for b in self._parent.blocks])
         self._read.objects(self._parent.in_env_order(self._take_all("set_attr", None)))
@@ -313,11 +295,19 @@ class AsyncVectorEnv(FirstK, VectorEnv):
                              f"num_envs={self.num_envs} but got length={len(seed)}.")
         return list(seed)
 
-    def _idle(self, what: str) -> None:
+    def _idle(self, what: str, end: str = ".") -> None:
+        """AlreadyPendingCallError (gymnasium's words) while a call waits for results."""
         if self._state != AsyncState.DEFAULT:
             raise AlreadyPendingCallError(
                 f"Calling `{what}` while waiting for a pending call to "
-                f"`{self._state.value}` to complete.", str(self._state.value))
+                f"`{self._state.value}` to complete{end}", str(self._state.value))
+
+    def _begin(self, what: str) -> None:
+        """Check that a call to every env may start now (see :meth:`_idle`,
+        :meth:`_nothing_in_flight`, :meth:`_check_usable`)."""
+        self._idle(what)
+        self._nothing_in_flight(what)
+        self._check_usable(None)
 
     def _nothing_in_flight(self, what: str) -> None:
         if self._in_flight.any():
