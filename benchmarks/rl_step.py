@@ -4,6 +4,7 @@ each of W env workers and collects one observation from each, every step.
     python benchmarks/rl_step.py --workers 8,32 --obs 256 --rounds 3
     python benchmarks/rl_step.py --workers 32 --obs 256 --vary --mode lockstep,firstk -k 8
     python benchmarks/rl_step.py --systems pipe,md,md-p2p --workers 128 --obs 16
+    python benchmarks/rl_step.py --systems pipe,md,md-p2p --core compiled,pure --workers 8
 
 Modes: ``lockstep`` (every step waits for all W observations) and ``firstk`` (the
 learner takes the first k observations that are ready and gives those k workers their
@@ -507,12 +508,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_one(a, system: str, mode: str, W: int, B: int, work: float) -> float | None:
-    """One run of one system: env steps per second (None if it failed)."""
+def run_one(a, system: str, mode: str, W: int, B: int, work: float,
+            core: str | None = None) -> float | None:
+    """One run of one system (a minidist one on ``core``, "compiled" or "pure"): env steps
+    per second (None if it failed)."""
     me = [sys.executable, str(Path(__file__).resolve())]
     args = _child_args(a, system, mode, W, B, work)
     limit = a.seconds + a.warmup + 60 + W
     env = _env()
+    if core == "pure":
+        env["MINIDIST_CORE"] = "0"
+    elif core == "compiled":  # fail, rather than measure the pure core under its name
+        env.update(MINIDIST_CORE="1", MINIDIST_REQUIRE_CORE="1")
     procs: list[subprocess.Popen] = []
     try:
         if system in ("pipe", "queue", "bare"):
@@ -573,6 +580,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="runs of each system, in turn")
     p.add_argument("--seconds", type=float, default=2.0, help="timed seconds per run")
     p.add_argument("--warmup", type=float, default=0.5, help="untimed seconds per run")
+    p.add_argument("--core", default="compiled",
+                   help="the minidist core(s) to run, comma list of compiled,pure (default "
+                   "compiled); with both, minidist systems are named md[compiled], md[pure]")
     p.add_argument("--json", default=None, help="write every run's figure here")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -593,6 +603,10 @@ def main() -> None:
         if m not in ("lockstep", "firstk"):
             p.error(f"unknown mode {m!r}")
     wanted = None if a.systems is None else a.systems.split(",")
+    cores = [c for c in a.core.split(",") if c]
+    for c in cores:
+        if c not in ("compiled", "pure"):
+            p.error(f"unknown core {c!r} (compiled or pure)")
     results = []
     print(f"# rl_step: {os.cpu_count()} cpus, {a.rounds} rounds of {a.seconds:g} s, "
           f"{'env steps vary 0-1 ms, ' if a.vary else ''}k={a.k}", flush=True)
@@ -600,12 +614,15 @@ def main() -> None:
         for B in _ints(a.obs):
             for work in [float(x) for x in a.work.split(",") if x]:
                 runs: dict[tuple[str, str], list[float | None]] = {}
-                plan = [(m, s) for m in modes for s in (LOCKSTEP if m == "lockstep"
-                                                        else FIRSTK)
-                        if wanted is None or s in wanted or s == "pipe"]
+                plan = [(m, s, c) for m in modes for s in (LOCKSTEP if m == "lockstep"
+                                                           else FIRSTK)
+                        if wanted is None or s in wanted or s == "pipe"
+                        for c in (cores if s.startswith("md") else [None])]
                 for _ in range(a.rounds):
-                    for m, s in plan:
-                        runs.setdefault((m, s), []).append(run_one(a, s, m, W, B, work))
+                    for m, s, c in plan:
+                        name = s if c is None or len(cores) == 1 else f"{s}[{c}]"
+                        runs.setdefault((m, name), []).append(
+                            run_one(a, s, m, W, B, work, c))
                 results.append(_report(W, B, work, a, runs))
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
@@ -619,18 +636,19 @@ def _median_ratio(xs: list, ys: list) -> float | None:
 def _report(W: int, B: int, work: float, a, runs: dict) -> dict:
     head = f"W={W} obs={B} B work={work:g} us{' vary 0-1 ms' if a.vary else ''}"
     print(head, flush=True)
-    row = {"workers": W, "obs": B, "work_us": work, "vary": a.vary, "k": a.k, "runs": {}}
+    row = {"workers": W, "obs": B, "work_us": work, "vary": a.vary, "k": a.k,
+           "core": a.core, "runs": {}}
     for (m, s), xs in runs.items():
         good = [x for x in xs if x]
         med = statistics.median(good) if good else None
         ref = runs.get((m, "pipe"))
         ratio = _median_ratio(xs, ref) if ref else None
-        own = runs.get(("lockstep", "md"))
+        own = runs.get(("lockstep", "md")) or runs.get(("lockstep", "md[compiled]"))
         extra = ""
         if m == "firstk" and own:
             r2 = _median_ratio(xs, own)
             extra = f"  {r2:.2f}x md lockstep" if r2 else ""
-        print(f"  {m:8s} {s:14s} {med / 1e3 if med else float('nan'):8.1f}k steps/s  "
+        print(f"  {m:8s} {s:20s} {med / 1e3 if med else float('nan'):8.1f}k steps/s  "
               f"{ratio if ratio else float('nan'):5.2f}x pipe{extra}", flush=True)
         row["runs"][f"{m}/{s}"] = xs
     return row

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="minidist", description="minidist run -n N script.py [args...] starts a job; "
         "minidist bench COLLECTIVE -n N [--vs gloo|mpi] measures a collective; minidist "
         "calibrate measures this machine for the cost model; minidist trace merge DIR merges "
-        "the traces MINIDIST_TRACE=DIR records.")
+        "the traces MINIDIST_TRACE=DIR records; minidist info says which core runs.")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
@@ -112,7 +112,17 @@ def main(argv: list[str] | None = None) -> int:
 
     _algo_parser(sub)
     _trace_parser(sub)
+    sub.add_parser("info", help="which core runs the shared-memory paths, and why",
+                   description="Print the version, the core that runs the shared-memory "
+                   "paths (compiled or pure) and why.")
     a = parser.parse_args(argv)
+    if a.command == "info":
+        from . import core
+
+        print(_version())
+        for k, v in core.info().items():
+            print(f"{k}: {v}")
+        return 0
     if a.command == "run":
         from .launcher import RunOptions, run
 

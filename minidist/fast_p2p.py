@@ -246,6 +246,8 @@ class FastP2P:
                 except OSError:
                     self._no_inbox = True
                     return NOT_TAKEN
+                if self.inbox.core is not None:  # the compiled receive spins as this one
+                    self.inbox.core.fit(*self._patience.full)
             self.loop = loop
             self.waiting = True
             try:

@@ -29,12 +29,14 @@ import numpy as np
 
 from .errors import DistError
 from .fast_rooted import signature
+from .fastpath import SLICE
 from .prepared import FAST_INDEX, Call, Prepared
 from .wire import Kind
 
 _local = threading.local()
 _all: weakref.WeakSet = weakref.WeakSet()  # every Repeat made, to forget at close
 _GONE = object()  # the door of a Repeat forgotten: no door is it
+_DIFFER, _WAIT_MORE = 1, 2  # minidist._core's answers
 
 
 class Repeat:
@@ -46,7 +48,7 @@ class Repeat:
                  "in_shape", "code", "count", "digest", "name", "take", "calls", "loop",
                  "planner", "is_root", "key", "scatter", "fast", "rooted", "heads",
                  "rows", "mine", "engine", "turns", "timeout", "groot", "hooks", "slots",
-                 "__weakref__")
+                 "core", "nb", "nap", "__weakref__")
 
     def __init__(self, door: Any, p: Prepared, group: object, out_shape: tuple | None,
                  in_shape: tuple | None) -> None:
@@ -74,6 +76,9 @@ class Repeat:
         self.rooted = rooted = self.fast.rooted
         self.groot = root  # the root's group rank
         self.heads, self.rows, self.mine = self._views(rooted, root)
+        self.core = rooted.core  # the compiled core's area (None: the pure core runs it)
+        self.nb = self.count * self.dtype.itemsize
+        self.nap = min(SLICE, self.timeout)
         _all.add(self)
 
     def _views(self, rooted: Any, root: int) -> tuple:
@@ -117,14 +122,16 @@ class Repeat:
         the rooted area straight away when nothing is unusual, else the general run."""
         f, seq, out, inp = job
         rooted = self.rooted
-        call = tuple.__new__(Call, (self.kind, self.g, seq, self.code, 0, FAST_INDEX,
-                                    self.name, self.root, self.count, self.digest))
         if (self.turns.get(self.gid, 0) != f or self.engine.may_refuse()
                 or self.fast.gave_up is not None
                 or (rooted.pending is not None and (self.scatter or not self.is_root))
                 or self.slots.get(self.gid) is not self.fast):
-            self._general(call, f, out, inp)
+            self._general(self._call(seq), f, out, inp)
             return
+        if self.core is not None and not self.is_root:
+            self._worker(f, seq, out, inp)
+            return
+        call = self._call(seq)
         parity = f & 1
         last = rooted.last[parity]
         rooted.behind = None
@@ -157,6 +164,57 @@ class Repeat:
             raise
         finally:
             self.calls.turn_done(self.gid, f + 1)
+
+    def _call(self, seq: int) -> Call:
+        """The call numbered ``seq`` (what errors and the general run name)."""
+        return tuple.__new__(Call, (self.kind, self.g, seq, self.code, 0, FAST_INDEX,
+                                    self.name, self.root, self.count, self.digest))
+
+    def _worker(self, f: int, seq: int, out: np.ndarray | None,
+                inp: np.ndarray | None) -> None:
+        """:meth:`go` on a rank that is not the root, by the compiled core: the role in
+        one call into it (a scatter's receive, a gather's send), the same steps as
+        :meth:`~minidist.fast_rooted.Rooted.scatter_recv` and
+        :meth:`~minidist.fast_rooted.Rooted.gather_send`; a wait past a slice, an area
+        still being read or a mismatch go through those (the general steps)."""
+        rooted, parity, kind, groot = self.rooted, f & 1, self.kind, self.groot
+        last = rooted.last[parity]
+        if last is not None and not rooted.reused(last, kind, groot):
+            call = self._call(seq)
+            try:
+                rooted.wait_reused(last, kind, groot, (
+                    time.monotonic() + self.timeout, self.hooks, call))
+            except BaseException as e:
+                self._failed(call, e, f)
+                raise
+        rooted.last[parity] = (f, kind, groot)
+        try:
+            if self.scatter:
+                got = self.core.scatter_recv(f, groot, self.key, seq, out, self.nb, self.nap)
+                if got == _WAIT_MORE:  # the checks of a longer wait, then the rest
+                    head, _at = self.heads[parity]
+                    got = _DIFFER if rooted.core_scatter_recv(
+                        f, head >> 2, groot, self.key,
+                        time.monotonic() - self.nap + self.timeout, self.hooks,
+                        self._call(seq), out, self.nb) else 0
+            else:
+                got = self.core.gather_send(f, groot, self.key, seq, inp, self.nb)
+            rooted.behind = (f, groot)
+            if got == _DIFFER:
+                raise rooted.mismatch(self._call(seq), groot, parity)
+        except BaseException as e:
+            self._failed(self._call(seq), e, f)
+            raise
+        self.turns[self.gid] = f + 1
+        if self.calls.waiting:
+            self.calls.turn_done(self.gid, f + 1)
+
+    def _failed(self, call: Call, e: BaseException, f: int) -> None:
+        """A call ended early on this rank: it is done here (see :meth:`go`)."""
+        self.rooted.gave_up = e
+        if isinstance(e, DistError):
+            self.calls.failed(call, e, self.loop)
+        self.calls.turn_done(self.gid, f + 1)
 
     def _general(self, call: Call, f: int, out: np.ndarray | None,
                  inp: np.ndarray | None) -> None:

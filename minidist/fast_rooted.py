@@ -90,9 +90,10 @@ import struct
 
 import numpy as np
 
-from . import fastpath
+from . import core, fastpath
 from .errors import CollectiveMismatchError, again
 from .fast_area import HEADER, area_bytes, piece_bytes, pieces_at
+from .fast_compiled import SETTLED_TAIL, CompiledRoles
 from .fast_waits import Waits
 from .fastpath import (
     ARRIVED,
@@ -138,7 +139,7 @@ def takes(collective: str, size: int, nbytes: int) -> bool:
         and nbytes <= piece_bytes(size)
 
 
-class Rooted(Waits):
+class Rooted(Waits, CompiledRoles):
     """One group's rooted calls in its fast segment ``buf``, seen from group rank ``me``;
     ``slots``: the group's :class:`fastpath.Slots` (whose give-up this honours)."""
 
@@ -166,6 +167,12 @@ class Rooted(Waits):
         self.patience.fit(n)
         self._layouts: dict[tuple[int, int, int], tuple] = {}  # see layout
         self._keys: dict[bytes, np.ndarray] = {}  # signatures as words (see _differing)
+        # the compiled core runs the roles below when it is active (the same steps, in
+        # the same order: the layout it is handed here is this module's)
+        self.core = None if core.compiled is None else core.compiled.Area(
+            buf, at, area_bytes(n), n, me, HEADER, 2 * n * HEADER, pieces_at(n), self.piece)
+        if self.core is not None:
+            self.core.fit(*self.patience.full)
 
     # ------------------------------------------------------------------ a call
 
@@ -243,6 +250,10 @@ class Rooted(Waits):
         """A scatter's root: ``src`` (every rank's block, by rows) into the ``rows``
         pieces, its own ``mine`` into ``out``; then the release (nobody to wait for:
         checked at its next call, see :meth:`_settle`)."""
+        if self.core is not None:
+            self.core.scatter_root(f, key, call.seq, src, out, mine.nbytes)
+            self.pending = (f, key, call)
+            return
         rows[...] = src
         hw = head >> 2
         _KEY_SEQ.pack_into(self.mv, head + 4, key, call.seq)
@@ -259,6 +270,13 @@ class Rooted(Waits):
         piece ``mine`` into ``out`` and this rank's signature (for the root's check)."""
         w, mv, number = self.w, self.mv, (f + 1) & 0x7FFFFFFF
         hw = head >> 2
+        if self.core is not None:
+            differs = self.core_scatter_recv(f, hw, root, key, deadline, hooks, call, out,
+                                              mine.nbytes)
+            self.behind = (f, root)
+            if differs:
+                raise self.mismatch(call, root, f & 1)
+            return
         if w[hw + RELEASE // 4] != number:
             self._wait(hw + RELEASE // 4, number, hw + SLEEPING_RELEASE // 4, root,
                        f & 1, number, deadline, hooks, call)
@@ -270,7 +288,7 @@ class Rooted(Waits):
         self.dq[self.me] = f + 1
         self.behind = (f, root)
         if differs:
-            raise self._mismatch(call, root, f & 1)
+            raise self.mismatch(call, root, f & 1)
 
     def gather_root(self, f: int, head: int, key: bytes, deadline: float, hooks: Hooks,
                     call, mine: np.ndarray, src: np.ndarray, out: np.ndarray,
@@ -278,11 +296,14 @@ class Rooted(Waits):
         """A gather's root: its own ``src`` into its piece, its signature, then (once
         the last sender woke it) every signature compared and the ``rows`` into
         ``out`` (by rows)."""
+        if self.core is not None and self.core_gather_root(f, head, key, deadline, hooks,
+                                                            call, src, out, mine.nbytes):
+            return
         mine[...] = src
         bad = self._collect(f, head, key, deadline, hooks, call)
         if bad >= 0:
             self._finish(f)
-            raise self._mismatch(call, bad, f & 1)
+            raise self.mismatch(call, bad, f & 1)
         out[...] = rows
         self.dq[self.me] = f + 1  # after the last load of the pieces
 
@@ -311,6 +332,12 @@ class Rooted(Waits):
                     mine: np.ndarray, src: np.ndarray) -> None:
         """A gather's sender: ``src`` into its piece, its signature and number, one
         count added to the root's (the last one wakes it); no wait."""
+        if self.core is not None:
+            differs = self.core.gather_send(f, root, key, call.seq, src, mine.nbytes)
+            self.behind = (f, root)
+            if differs:
+                raise self.mismatch(call, root, f & 1)
+            return
         w, mv, number = self.w, self.mv, (f + 1) & 0x7FFFFFFF
         mine[...] = src
         _KEY_SEQ.pack_into(mv, at + 4, key, call.seq)
@@ -323,7 +350,7 @@ class Rooted(Waits):
         futex_add(self.base + head + ARRIVED, self.size - 2)  # the last one wakes the root
         self.behind = (f, root)  # the others may still be in the call before
         if differs:
-            raise self._mismatch(call, root, f & 1)
+            raise self.mismatch(call, root, f & 1)
 
     def _all_gather(self, f: int, head: int, at: int, root: int, key: bytes,
                     deadline: float, hooks: Hooks, call, out: np.ndarray, src: np.ndarray,
@@ -339,7 +366,7 @@ class Rooted(Waits):
             self._release(hw, number)  # everyone copies (or raises), this rank too
             if bad >= 0:
                 self._finish(f)
-                raise self._mismatch(call, bad, parity)
+                raise self.mismatch(call, bad, parity)
             out.view(np.uint8).reshape(n, nb)[:] = rows
             self.dq[self.me] = f + 1  # after the last load of the pieces
             return
@@ -352,7 +379,7 @@ class Rooted(Waits):
         if w[hw + DIFFERS // 4] == number or mv[head + 4:head + 4 + _KEY] != key:
             bad = self._differing(parity, key)
             self._finish(f)
-            raise self._mismatch(call, bad if bad >= 0 else root, parity)
+            raise self.mismatch(call, bad if bad >= 0 else root, parity)
         out.view(np.uint8).reshape(n, nb)[:] = rows
         self.dq[self.me] = f + 1
 
@@ -456,11 +483,9 @@ class Rooted(Waits):
         bad = self._differing(parity, key)
         self.dq[self.me] = f + 1
         if bad >= 0:
-            raise self._mismatch(scattered, bad, parity, tail=(
-                f"; found at this rank's next call on the group (#{call.seq}), which did "
-                "not run; the scatter's outputs hold the blocks the root sent"))
+            raise self.mismatch(scattered, bad, parity, tail=SETTLED_TAIL.format(call.seq))
 
-    def _mismatch(self, call, r: int, parity: int,
+    def mismatch(self, call, r: int, parity: int,
                   tail: str = "; its output is unchanged") -> CollectiveMismatchError:
         kind, dtype, _op, root, count, _shape, _seq = _SIG.unpack_from(
             self.mem, (r * 2 + parity) * HEADER + 4)

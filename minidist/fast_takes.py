@@ -101,8 +101,14 @@ class Takes(Remembered):
                                    t.nbytes)
         ring, into, drain_lock = t.ring, memoryview(array).cast("B"), p2p.drain_lock
         inbox.set_open(True)
+        box = inbox.core
         for sleep in (True, False):
             seen = inbox.bell()
+            if box is not None and sleep and not (
+                    mailbox.early or e.rendezvous_lost is not None
+                    or mailbox.is_dead(src) is not None):
+                box.wait(ring, seen, SLICE)  # spin, then sleep on the bell (the GIL let go)
+                sleep = False
             if inbox.waiting(ring):
                 with drain_lock:  # (the loop may move the rings' records meanwhile)
                     took = p2p.inbox is inbox and inbox.take_if(ring, expected, into)

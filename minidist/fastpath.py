@@ -145,7 +145,7 @@ from typing import Protocol
 
 import numpy as np
 
-from . import fast_area, ops, peer_memory
+from . import core, fast_area, ops, peer_memory
 from .errors import CollectiveMismatchError, DistError, PeerLostError, again
 from .group import Group
 from .ops import ReduceOp
@@ -209,7 +209,7 @@ def available() -> bool:
 _SLEEPING: dict[int, int] = {}  # thread id -> the futex address it sleeps on
 
 
-def futex_wait(addr: int, seen: int, timeout: float) -> None:
+def _futex_wait(addr: int, seen: int, timeout: float) -> None:
     """Sleep while the int32 at ``addr`` still holds ``seen`` (at most ``timeout``, or
     until :func:`wake_sleepers`)."""
     ts = _Timespec(int(timeout), int((timeout % 1) * 1e9))
@@ -222,14 +222,14 @@ def futex_wait(addr: int, seen: int, timeout: float) -> None:
         _SLEEPING.pop(tid, None)
 
 
-def wake_sleepers() -> None:
+def _wake_sleepers() -> None:
     """Wake every thread of this process that sleeps in :func:`futex_wait` (news of a
     peer: it looks again now, not at the end of its slice)."""
     for addr in list(_SLEEPING.values()):
-        futex_wake(addr)
+        _futex_wake(addr)
 
 
-def futex_wake(addr: int) -> None:
+def _futex_wake(addr: int) -> None:
     """Wake every process sleeping on the int32 at ``addr``."""
     _LIBC.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
 
@@ -242,7 +242,7 @@ _SPARE_P = ctypes.c_void_p(ctypes.addressof(_SPARE))
 _ONE_P = ctypes.c_void_p(1)  # FUTEX_WAKE_OP's count of sleepers to wake on its second word
 
 
-def futex_add(addr: int, equals: int) -> None:
+def _futex_add(addr: int, equals: int) -> None:
     """Atomically add 1 to the int32 at ``addr`` (a locked instruction in the kernel: a
     full fence) and wake one sleeper on it only if it held ``equals`` before (< 4096).
     The kernel's FUTEX_WAKE_OP wakes one sleeper on its *first* word whatever it is
@@ -255,10 +255,21 @@ def futex_add(addr: int, equals: int) -> None:
 _FENCE = threading.Lock()
 
 
-def fence() -> None:
+def _fence() -> None:
     """A full memory fence: acquiring a free lock is a locked instruction on x86."""
     _FENCE.acquire()
     _FENCE.release()
+
+
+if core.compiled is not None:  # the same calls, compiled (the GIL released while asleep)
+    futex_wait = core.compiled.futex_wait
+    futex_wake = core.compiled.futex_wake
+    futex_add = core.compiled.futex_add
+    fence = core.compiled.fence
+    wake_sleepers = core.compiled.wake_sleepers
+else:
+    futex_wait, futex_wake, futex_add = _futex_wait, _futex_wake, _futex_add
+    fence, wake_sleepers = _fence, _wake_sleepers
 
 
 def _mid_at(size: int) -> int:

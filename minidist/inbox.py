@@ -57,7 +57,7 @@ import struct
 
 import numpy as np
 
-from . import segments
+from . import core, segments
 from .fastpath import fence, futex_wait, futex_wake
 
 MESSAGE_BYTES = 64 << 10  # the largest payload a message through an inbox carries
@@ -76,6 +76,15 @@ _DESC = struct.Struct("<qqq")  # a stash record's payload: pid, offset, nbytes
 _OPEN, _BELL, _SLEEPING, _MAGIC, _RINGS = 0, 4, 8, 16, 24
 _HEAD, _TAIL = 0, 32
 _WRAP = 0x7FFFFFFF
+
+
+def _box(seg: mmap.mmap, rings: int):
+    """The inbox ``seg`` of ``rings`` rings as the compiled core's Box (None: the pure
+    core runs it); the layout it follows is this module's."""
+    if core.compiled is None:
+        return None
+    return core.compiled.Box(seg, rings, HEADER, RING, RECORD, RING_SLOTS, _OPEN, _BELL,
+                             _SLEEPING, _HEAD, _TAIL)
 
 
 def inbox_bytes(rings: int) -> int:
@@ -189,12 +198,15 @@ class Inbox:
         self._head_at, self._tail_at = self._heads.tolist(), self._tails.tolist()
         self.mv = memoryview(self.mem)  # the segment's bytes and int32 words, read as
         self.ints = self.mv.cast("i")  # plain ints (cheaper than numpy's scalars)
+        self.core = _box(self.seg, rings)
 
     def take_if(self, ring: int, header: bytes, into: memoryview) -> bool:
         """Take the oldest record of ring ``ring`` if its header bytes are ``header``,
         which says that its payload is ``into.nbytes`` bytes (at most
         :data:`MESSAGE_BYTES`) in the record itself: copy the payload into ``into`` (a
         byte view) and remove the record (True); else change nothing (False)."""
+        if self.core is not None:
+            return self.core.take_if(ring, header, into)
         at = self._record(ring)
         mv = self.mv
         if at is None or mv[at:at + HEADER] != header:
@@ -211,6 +223,9 @@ class Inbox:
     def close(self) -> None:
         """Close the inbox to senders, remove its name and unmap it (and the stashes)."""
         self.words[_OPEN // 4] = 0
+        if self.core is not None:
+            self.core.release()
+            self.core = None
         segments.unlink(self.name)
         self.ints.release()
         self.mv.release()
@@ -333,6 +348,8 @@ class Outbox:
         self.ints = self.mv.cast("i")
         self.base = self.mem.ctypes.data
         at = HEADER + ring * RING
+        self.ring = ring
+        self.core = _box(seg, (len(seg) - HEADER) // RING)
         self._at = at + 64
         self._head = (at + _HEAD) // 4
         self._tail = (at + _TAIL) // 4
@@ -359,6 +376,9 @@ class Outbox:
         return None
 
     def close(self) -> None:
+        if self.core is not None:
+            self.core.release()
+            self.core = None
         self.ints.release()
         self.mv.release()
         self.words = self.mem = self.ints = self.mv = None
@@ -376,6 +396,8 @@ class Outbox:
         """Write one record: 0 if it was not written (the inbox is closed or the ring
         full), 1 if written, 2 if written but the inbox closed meanwhile (the reader may
         not look again: ring its doorbell)."""
+        if self.core is not None:
+            return self.core.put(self.ring, header, payload)
         w = self.ints
         if not w[_OPEN // 4]:
             return 0

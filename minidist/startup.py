@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import fdlimits, job_secret
+from . import core, fdlimits, job_secret
 from .door import Door
 from .env import LaunchConfig, log_level
 from .runtime import Runtime
@@ -73,6 +73,7 @@ async def join(cfg: LaunchConfig, timeout: float,
         job_secret.joined(cfg)  # every rank has read it (or this init failed)
     log.info("rank %d of %d joined the job (launcher: %s)", cfg.rank, cfg.world_size,
              cfg.launcher)
+    core.announce(cfg.rank)
     return session
 
 

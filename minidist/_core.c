@@ -1,0 +1,977 @@
+/* minidist._core: the compiled executor of the shared-memory paths' per-call work.
+ *
+ * One protocol, two executors: the layouts and their ordering argument are written once,
+ * in Python (minidist.fastpath, minidist.fast_area, minidist.fast_rooted, minidist.inbox);
+ * this module receives every offset from there when an area is made, checks each against
+ * the segment's size once, and then runs a call's whole role in one C call. The pure
+ * executor (the same modules' Python methods) runs the same steps in the same order, so a
+ * job may mix ranks of either core.
+ *
+ * Ordering: x86-64 TSO, as the Python modules argue; here the compiler is held to program
+ * order by atomic loads and stores (relaxed on the data, release on the words that publish,
+ * acquire on the words that are waited for) and the Dekker fences are
+ * __atomic_thread_fence(__ATOMIC_SEQ_CST) (mfence).
+ *
+ * Waits: spin (or yield) briefly, then one futex sleep of at most a slice, with the GIL
+ * released throughout; a wait that did not end within that returns WAIT_MORE and the
+ * Python side does its checks (deadline, lost ranks, aborts, stall report) and waits on.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#if !defined(__x86_64__)
+#error "minidist._core: x86-64 only (the ordering argument counts on TSO)"
+#endif
+
+#define KEY 28            /* the signature bytes ranks compare */
+#define SEQ_AT 32         /* the call's number in a header (int64) */
+#define RELEASE 48
+#define SLEEPING_RELEASE 56
+#define ARRIVED 60
+#define DIFFERS 44
+
+enum { DONE = 0, DIFFER = 1, WAIT_MORE = 2, SETTLE_LATE = 3, SETTLE_DIFFERS = 4 };
+
+/* ------------------------------------------------------------------ clocks and futexes */
+
+static inline double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static inline int32_t load32(const volatile void *p) {
+    return __atomic_load_n((const int32_t *)p, __ATOMIC_ACQUIRE);
+}
+
+static inline void store32(volatile void *p, int32_t v) {
+    __atomic_store_n((int32_t *)p, v, __ATOMIC_RELEASE);
+}
+
+static inline void store64(volatile void *p, int64_t v) {
+    __atomic_store_n((int64_t *)p, v, __ATOMIC_RELEASE);
+}
+
+static inline int64_t load64(const volatile void *p) {
+    return __atomic_load_n((const int64_t *)p, __ATOMIC_ACQUIRE);
+}
+
+static inline void fence_full(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+/* The words this process's threads sleep on, so that news of a peer (it died, it left)
+ * wakes them at once (wake_sleepers); a sleeper not found a place here sleeps its slice. */
+#define SLEEPERS 64
+static void *sleepers[SLEEPERS];
+
+static inline void sys_futex_wait(void *addr, int32_t seen, double timeout) {
+    if (timeout <= 0)
+        return;
+    struct timespec ts;
+    ts.tv_sec = (time_t)timeout;
+    ts.tv_nsec = (long)((timeout - (double)ts.tv_sec) * 1e9);
+    int slot = -1;
+    for (int i = 0; i < SLEEPERS; i++) {
+        void *none = NULL;
+        if (__atomic_compare_exchange_n(&sleepers[i], &none, addr, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST)) {
+            slot = i;
+            break;
+        }
+    }
+    syscall(SYS_futex, addr, FUTEX_WAIT, seen, &ts, NULL, 0);
+    if (slot >= 0)
+        __atomic_store_n(&sleepers[slot], NULL, __ATOMIC_SEQ_CST);
+}
+
+static inline void sys_futex_wake(void *addr) {
+    syscall(SYS_futex, addr, FUTEX_WAKE, 0x7FFFFFFF, NULL, NULL, 0);
+}
+
+static int32_t spare_word; /* FUTEX_WAKE_OP's first word: nobody sleeps on it */
+
+static inline void sys_futex_add(void *addr, int equals) {
+    int op = FUTEX_OP(FUTEX_OP_ADD, 1, FUTEX_OP_CMP_EQ, equals & 0xFFF);
+    syscall(SYS_futex, &spare_word, FUTEX_WAKE_OP, 0, (void *)1, addr, op);
+}
+
+/* How long a waiter spins, then yields, before it sleeps; halved after a wait that it
+ * did not pay for, back to full after one that did (minidist.fastpath.Patience). */
+typedef struct {
+    double spin_full, yield_full, spin, yielding;
+} patience_t;
+
+/* Until the int32 at `word` holds `want` (1), or a slice passed (0). `flag`: where a
+ * sleeper says it sleeps (NULL: the writer always wakes), storing `flag_value`. Called
+ * with the GIL released. */
+static int wait_word_nogil(int32_t *word, int32_t want, int32_t *flag, int32_t flag_value,
+                           patience_t *pat, double nap) {
+    if (load32(word) == want)
+        return 1;
+    double start = now_s();
+    if (pat && pat->spin > 0) {
+        double end = start + pat->spin;
+        for (;;) {
+            for (int i = 0; i < 64; i++) {
+                if (load32(word) == want) {
+                    pat->spin = pat->spin_full;
+                    return 1;
+                }
+                __builtin_ia32_pause();
+            }
+            if (now_s() >= end)
+                break;
+        }
+        pat->spin = pat->spin > 2e-6 ? pat->spin / 2 : 0;
+    } else if (pat && pat->yielding > 0) {
+        double end = start + pat->yielding;
+        for (;;) {
+            sched_yield();
+            if (load32(word) == want) {
+                pat->yielding = pat->yield_full;
+                return 1;
+            }
+            if (now_s() >= end)
+                break;
+        }
+        pat->yielding = pat->yielding > 5e-6 ? pat->yielding / 2 : 0;
+    }
+    double end = now_s() + nap;
+    for (;;) {
+        int32_t seen = load32(word);
+        if (seen == want)
+            return 1;
+        double left = end - now_s();
+        if (left <= 0)
+            return 0;
+        if (flag)
+            store32(flag, flag_value); /* then the kernel's lock, then its look at the word */
+        sys_futex_wait(word, seen, left);
+    }
+}
+
+/* ------------------------------------------------------------------ module functions */
+
+static int as_addr(PyObject *o, void **out) {
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    if (v == 0 || (v & 3)) {
+        PyErr_SetString(PyExc_ValueError, "minidist._core: a futex word's address must be "
+                                          "non-zero and 4-byte aligned");
+        return -1;
+    }
+    *out = (void *)(uintptr_t)v;
+    return 0;
+}
+
+static int as_i32(PyObject *o, int32_t *out) {
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int32_t)v;
+    return 0;
+}
+
+static PyObject *core_futex_wait(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    (void)self;
+    void *addr;
+    int32_t seen;
+    if (n != 3) {
+        PyErr_SetString(PyExc_TypeError, "futex_wait(addr, seen, timeout)");
+        return NULL;
+    }
+    if (as_addr(args[0], &addr) < 0 || as_i32(args[1], &seen) < 0)
+        return NULL;
+    double timeout = PyFloat_AsDouble(args[2]);
+    if (timeout == -1.0 && PyErr_Occurred())
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    sys_futex_wait(addr, seen, timeout);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_futex_wake(PyObject *self, PyObject *arg) {
+    (void)self;
+    void *addr;
+    if (as_addr(arg, &addr) < 0)
+        return NULL;
+    sys_futex_wake(addr);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_futex_add(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    (void)self;
+    void *addr;
+    int32_t equals;
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "futex_add(addr, equals)");
+        return NULL;
+    }
+    if (as_addr(args[0], &addr) < 0 || as_i32(args[1], &equals) < 0)
+        return NULL;
+    sys_futex_add(addr, equals);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_wake_sleepers(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    for (int i = 0; i < SLEEPERS; i++) {
+        void *addr = __atomic_load_n(&sleepers[i], __ATOMIC_SEQ_CST);
+        if (addr)
+            sys_futex_wake(addr);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_fence(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    fence_full();
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ the rooted area */
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer seg;     /* the group's fast segment, held while the area lives */
+    int held;
+    char *area;        /* the rooted area's first byte */
+    Py_ssize_t bytes;  /* its size */
+    int n, me;
+    Py_ssize_t header, done_at, pieces_at, piece;
+    patience_t pat;
+} Area;
+
+static inline char *head_of(Area *a, int rank, int parity) {
+    return a->area + ((Py_ssize_t)rank * 2 + parity) * a->header;
+}
+
+static inline char *piece_of(Area *a, int parity, int rank) {
+    return a->area + a->pieces_at + ((Py_ssize_t)parity * a->n + rank) * a->piece;
+}
+
+static inline int64_t *done_of(Area *a, int rank) {
+    return (int64_t *)(a->area + a->done_at) + rank;
+}
+
+static int Area_init(Area *a, PyObject *args, PyObject *kw) {
+    PyObject *buf;
+    Py_ssize_t offset, bytes, header, done_at, pieces_at, piece;
+    int n, me;
+    static char *names[] = {"buf", "offset", "nbytes", "size", "me", "header", "done_at",
+                            "pieces_at", "piece", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Onniinnnn", names, &buf, &offset, &bytes,
+                                     &n, &me, &header, &done_at, &pieces_at, &piece))
+        return -1;
+    if (a->held) {
+        PyBuffer_Release(&a->seg);
+        a->held = 0;
+    }
+    if (PyObject_GetBuffer(buf, &a->seg, PyBUF_WRITABLE | PyBUF_SIMPLE) < 0)
+        return -1;
+    a->held = 1;
+    /* every offset is checked against the segment once, here */
+    int bad = n < 2 || me < 0 || me >= n || header < 64 || offset < 0 || bytes < 0 ||
+              offset > a->seg.len || bytes > a->seg.len - offset || piece < 0 ||
+              done_at < 2 * (Py_ssize_t)n * header || done_at + 8 * (Py_ssize_t)n > pieces_at ||
+              pieces_at > bytes || (bytes - pieces_at) / 2 / n < piece ||
+              ((uintptr_t)a->seg.buf + (uintptr_t)offset) % 64 != 0 || done_at % 8 != 0;
+    if (bad) {
+        PyBuffer_Release(&a->seg);
+        a->held = 0;
+        PyErr_SetString(PyExc_ValueError, "minidist._core.Area: the layout does not fit "
+                                          "the segment");
+        return -1;
+    }
+    a->area = (char *)a->seg.buf + offset;
+    a->bytes = bytes;
+    a->n = n;
+    a->me = me;
+    a->header = header;
+    a->done_at = done_at;
+    a->pieces_at = pieces_at;
+    a->piece = piece;
+    a->pat.spin_full = a->pat.spin = 0;
+    a->pat.yield_full = a->pat.yielding = 0;
+    return 0;
+}
+
+static void Area_dealloc(Area *a) {
+    if (a->held)
+        PyBuffer_Release(&a->seg);
+    Py_TYPE(a)->tp_free((PyObject *)a);
+}
+
+static PyObject *Area_release(Area *a, PyObject *unused) {
+    (void)unused;
+    if (a->held) {
+        PyBuffer_Release(&a->seg);
+        a->held = 0;
+    }
+    a->area = NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Area_fit(Area *a, PyObject *const *args, Py_ssize_t n) {
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "fit(spin, yielding)");
+        return NULL;
+    }
+    double s = PyFloat_AsDouble(args[0]), y = PyFloat_AsDouble(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    a->pat.spin_full = a->pat.spin = s;
+    a->pat.yield_full = a->pat.yielding = y;
+    Py_RETURN_NONE;
+}
+
+/* argument helpers: a call's number, a group rank, its key, a buffer of exact size */
+
+static int live(Area *a) {
+    if (a->area == NULL) {
+        PyErr_SetString(PyExc_ValueError, "minidist._core.Area: released");
+        return 0;
+    }
+    return 1;
+}
+
+static int arg_rank(Area *a, PyObject *o, int *out) {
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < 0 || v >= a->n) {
+        PyErr_SetString(PyExc_ValueError, "minidist._core.Area: rank out of range");
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int arg_key(PyObject *o, const char **out) {
+    if (!PyBytes_Check(o) || PyBytes_GET_SIZE(o) != KEY) {
+        PyErr_SetString(PyExc_ValueError, "minidist._core.Area: a key is 28 bytes");
+        return -1;
+    }
+    *out = PyBytes_AS_STRING(o);
+    return 0;
+}
+
+static int arg_buf(PyObject *o, Py_buffer *view, Py_ssize_t nbytes, int writable) {
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(o, view, flags) < 0)
+        return -1;
+    if (view->len != nbytes) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "minidist._core.Area: %zd bytes where %zd were "
+                                       "expected", view->len, nbytes);
+        return -1;
+    }
+    return 0;
+}
+
+static int arg_nb(Area *a, PyObject *o, Py_ssize_t *out) {
+    Py_ssize_t v = PyLong_AsSsize_t(o);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < 0 || v > a->piece) {
+        PyErr_SetString(PyExc_ValueError, "minidist._core.Area: more bytes than a piece");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static inline void put_sig(char *head, const char *key, int64_t seq) {
+    memcpy(head + 4, key, KEY);
+    store64(head + SEQ_AT, seq);
+}
+
+/* the first rank whose signature of `parity` is not `key`; -1: none */
+static int differing(Area *a, int parity, const char *key) {
+    for (int r = 0; r < a->n; r++)
+        if (memcmp(head_of(a, r, parity) + 4, key, KEY) != 0)
+            return r;
+    return -1;
+}
+
+/* scatter_root(f, key, seq, src, out, nb): the root's whole role (see
+ * minidist.fast_rooted.Rooted.scatter_root); nothing to wait for. */
+static PyObject *Area_scatter_root(Area *a, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "scatter_root(f, key, seq, src, out, nb)");
+        return NULL;
+    }
+    long long f = PyLong_AsLongLong(args[0]);
+    long long seq = PyLong_AsLongLong(args[2]);
+    const char *key;
+    Py_ssize_t nb;
+    if (PyErr_Occurred() || !live(a) || arg_key(args[1], &key) < 0 || arg_nb(a, args[5], &nb) < 0)
+        return NULL;
+    Py_buffer src, out;
+    if (arg_buf(args[3], &src, nb * a->n, 0) < 0)
+        return NULL;
+    if (arg_buf(args[4], &out, nb, 1) < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    int p = (int)(f & 1), me = a->me;
+    int32_t number = (int32_t)((f + 1) & 0x7FFFFFFF);
+    char *head = head_of(a, me, p);
+    const char *s = src.buf;
+    if (nb == a->piece)
+        memcpy(piece_of(a, p, 0), s, nb * a->n);
+    else
+        for (int r = 0; r < a->n; r++)
+            memcpy(piece_of(a, p, r), s + nb * r, nb);
+    put_sig(head, key, seq);
+    store32(head, number); /* after the pieces and the signature */
+    memcpy(out.buf, s + nb * me, nb);
+    store32(head + RELEASE, number);
+    fence_full();
+    int32_t said = load32(head + SLEEPING_RELEASE);
+    if (said && (((uint32_t)(said - number)) & 0x7FFFFFFF) < (1u << 30))
+        sys_futex_wake(head + RELEASE);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
+/* scatter_recv(f, root, key, seq, out, nb, nap) -> DONE, DIFFER or WAIT_MORE (nothing
+ * written: wait on, then call again); done, its done word holds f + 1. */
+static PyObject *Area_scatter_recv(Area *a, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "scatter_recv(f, root, key, seq, out, nb, nap)");
+        return NULL;
+    }
+    long long f = PyLong_AsLongLong(args[0]);
+    long long seq = PyLong_AsLongLong(args[3]);
+    double nap = PyFloat_AsDouble(args[6]);
+    int root;
+    const char *key;
+    Py_ssize_t nb;
+    if (PyErr_Occurred() || !live(a) || arg_rank(a, args[1], &root) < 0 ||
+        arg_key(args[2], &key) < 0 || arg_nb(a, args[5], &nb) < 0)
+        return NULL;
+    int p = (int)(f & 1);
+    int32_t number = (int32_t)((f + 1) & 0x7FFFFFFF);
+    char *head = head_of(a, root, p);
+    if (load32(head + RELEASE) != number) {
+        int got;
+        Py_BEGIN_ALLOW_THREADS
+        got = wait_word_nogil((int32_t *)(head + RELEASE), number,
+                              (int32_t *)(head + SLEEPING_RELEASE), number, &a->pat, nap);
+        Py_END_ALLOW_THREADS
+        if (!got)
+            return PyLong_FromLong(WAIT_MORE);
+    }
+    Py_buffer out;
+    if (arg_buf(args[4], &out, nb, 1) < 0)
+        return NULL;
+    int differs = memcmp(head + 4, key, KEY) != 0;
+    if (!differs)
+        memcpy(out.buf, piece_of(a, p, a->me), nb);
+    PyBuffer_Release(&out);
+    char *at = head_of(a, a->me, p);
+    put_sig(at, key, seq);
+    store32(at, number); /* after its reads and its signature: for the root's check */
+    store64(done_of(a, a->me), f + 1);
+    return PyLong_FromLong(differs ? DIFFER : DONE);
+}
+
+/* gather_send(f, root, key, seq, src, nb) -> DONE or DIFFER (the root's signature, if
+ * it arrived first, is not this rank's); nothing to wait for. */
+static PyObject *Area_gather_send(Area *a, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "gather_send(f, root, key, seq, src, nb)");
+        return NULL;
+    }
+    long long f = PyLong_AsLongLong(args[0]);
+    long long seq = PyLong_AsLongLong(args[3]);
+    int root;
+    const char *key;
+    Py_ssize_t nb;
+    if (PyErr_Occurred() || !live(a) || arg_rank(a, args[1], &root) < 0 ||
+        arg_key(args[2], &key) < 0 || arg_nb(a, args[5], &nb) < 0)
+        return NULL;
+    Py_buffer src;
+    if (arg_buf(args[4], &src, nb, 0) < 0)
+        return NULL;
+    int p = (int)(f & 1), me = a->me;
+    int32_t number = (int32_t)((f + 1) & 0x7FFFFFFF);
+    char *head = head_of(a, root, p), *at = head_of(a, me, p);
+    memcpy(piece_of(a, p, me), src.buf, nb);
+    PyBuffer_Release(&src);
+    put_sig(at, key, seq);
+    int differs = load32(head) == number && memcmp(head + 4, key, KEY) != 0;
+    store64(done_of(a, me), f + 1); /* its last load of the call is done */
+    store32(at, number);            /* after the piece and the signature */
+    /* the last one wakes the root: a locked add (a full fence, as the kernel's
+     * FUTEX_WAKE_OP that the pure core uses on the same word), and the wake-up's system
+     * call only by the rank whose add completed the count */
+    if (__atomic_fetch_add((int32_t *)(head + ARRIVED), 1, __ATOMIC_SEQ_CST) == a->n - 2)
+        sys_futex_wake(head + ARRIVED);
+    return PyLong_FromLong(differs ? DIFFER : DONE);
+}
+
+/* gather_root(f, key, seq, src, out, nb, pending_f, pending_key, nap) ->
+ *   (DONE, -1); (DIFFER, rank); (WAIT_MORE, -1): wait on the arrivals, then call again
+ *   (what it wrote it writes again, the same); (SETTLE_LATE, -1): arrived, the count set
+ *   back, but the pending scatter's receivers did not all store their numbers (the
+ *   Python side settles it and finishes the call); (SETTLE_DIFFERS, rank): the pending
+ *   scatter was settled and rank called something else.
+ * pending_f < 0: no scatter of this rank pending. */
+static PyObject *Area_gather_root(Area *a, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError,
+                        "gather_root(f, key, seq, src, out, nb, pending_f, pending_key, nap)");
+        return NULL;
+    }
+    long long f = PyLong_AsLongLong(args[0]);
+    long long seq = PyLong_AsLongLong(args[2]);
+    long long pf = PyLong_AsLongLong(args[6]);
+    double nap = PyFloat_AsDouble(args[8]);
+    const char *key, *pkey = NULL;
+    Py_ssize_t nb;
+    if (PyErr_Occurred() || !live(a) || arg_key(args[1], &key) < 0 || arg_nb(a, args[5], &nb) < 0)
+        return NULL;
+    if (pf >= 0 && arg_key(args[7], &pkey) < 0)
+        return NULL;
+    Py_buffer src;
+    if (arg_buf(args[3], &src, nb, 0) < 0)
+        return NULL;
+    int p = (int)(f & 1), me = a->me, n = a->n;
+    int32_t number = (int32_t)((f + 1) & 0x7FFFFFFF);
+    char *head = head_of(a, me, p);
+    memcpy(piece_of(a, p, me), src.buf, nb);
+    PyBuffer_Release(&src);
+    put_sig(head, key, seq);
+    store32(head, number);
+    int32_t *arrived = (int32_t *)(head + ARRIVED);
+    if (load32(arrived) != n - 1) {
+        int got;
+        Py_BEGIN_ALLOW_THREADS
+        got = wait_word_nogil(arrived, n - 1, NULL, 0, &a->pat, nap);
+        Py_END_ALLOW_THREADS
+        if (!got)
+            return Py_BuildValue("(ii)", WAIT_MORE, -1);
+    }
+    store32(arrived, 0);
+    if (pf >= 0) {
+        int pp = (int)(pf & 1);
+        int32_t pnumber = (int32_t)((pf + 1) & 0x7FFFFFFF);
+        for (int r = 0; r < n; r++)
+            if (load32(head_of(a, r, pp)) != pnumber)
+                return Py_BuildValue("(ii)", SETTLE_LATE, -1);
+        int bad = differing(a, pp, pkey);
+        store64(done_of(a, me), pf + 1);
+        if (bad >= 0)
+            return Py_BuildValue("(ii)", SETTLE_DIFFERS, bad);
+    }
+    int bad = differing(a, p, key);
+    if (bad >= 0) {
+        store32(head + DIFFERS, number);
+        store64(done_of(a, me), f + 1);
+        return Py_BuildValue("(ii)", DIFFER, bad);
+    }
+    Py_buffer out;
+    if (arg_buf(args[4], &out, nb * n, 1) < 0)
+        return NULL;
+    char *o = out.buf;
+    if (nb == a->piece)
+        memcpy(o, piece_of(a, p, 0), nb * n);
+    else
+        for (int r = 0; r < n; r++)
+            memcpy(o + nb * r, piece_of(a, p, r), nb);
+    PyBuffer_Release(&out);
+    store64(done_of(a, me), f + 1); /* after the last load of the pieces */
+    return Py_BuildValue("(ii)", DONE, -1);
+}
+
+/* wait(word_offset, want, flag_offset, flag_value, nap) -> bool: a wait on one of the
+ * area's words (offsets in bytes from the area's start; flag_offset < 0: no flag). */
+static PyObject *Area_wait(Area *a, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "wait(word, want, flag, flag_value, nap)");
+        return NULL;
+    }
+    Py_ssize_t word = PyLong_AsSsize_t(args[0]), flag = PyLong_AsSsize_t(args[2]);
+    long long want = PyLong_AsLongLong(args[1]), fv = PyLong_AsLongLong(args[3]);
+    double nap = PyFloat_AsDouble(args[4]);
+    if (PyErr_Occurred() || !live(a))
+        return NULL;
+    if (word < 0 || word % 4 || word + 4 > a->bytes || flag % 4 || flag + 4 > a->bytes) {
+        PyErr_SetString(PyExc_ValueError, "minidist._core.Area.wait: offset out of range");
+        return NULL;
+    }
+    int got;
+    int32_t *w = (int32_t *)(a->area + word);
+    int32_t *fl = flag >= 0 ? (int32_t *)(a->area + flag) : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    got = wait_word_nogil(w, (int32_t)want, fl, (int32_t)fv, &a->pat, nap);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(got);
+}
+
+static PyMethodDef Area_methods[] = {
+    {"scatter_root", (PyCFunction)(void (*)(void))Area_scatter_root, METH_FASTCALL, NULL},
+    {"scatter_recv", (PyCFunction)(void (*)(void))Area_scatter_recv, METH_FASTCALL, NULL},
+    {"gather_send", (PyCFunction)(void (*)(void))Area_gather_send, METH_FASTCALL, NULL},
+    {"gather_root", (PyCFunction)(void (*)(void))Area_gather_root, METH_FASTCALL, NULL},
+    {"wait", (PyCFunction)(void (*)(void))Area_wait, METH_FASTCALL, NULL},
+    {"fit", (PyCFunction)(void (*)(void))Area_fit, METH_FASTCALL, NULL},
+    {"release", (PyCFunction)Area_release, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject AreaType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "minidist._core.Area",
+    .tp_basicsize = sizeof(Area),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A group's rooted area (minidist.fast_rooted) run by the compiled core.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Area_init,
+    .tp_dealloc = (destructor)Area_dealloc,
+    .tp_methods = Area_methods,
+};
+
+/* ------------------------------------------------------------------ inboxes (p2p) */
+
+/* A rank's inbox (minidist.inbox), mapped by its reader or by a sender: a 64-byte inbox
+ * header (OPEN, BELL, SLEEPING), then per ring HEAD (int32) at 0, TAIL at 32 and
+ * `slots` records of `record` bytes from 64. */
+typedef struct {
+    PyObject_HEAD
+    Py_buffer seg;
+    int held;
+    char *base;
+    Py_ssize_t bytes;
+    int rings, slots;
+    Py_ssize_t header, ring_bytes, record, open_at, bell_at, sleeping_at, head_at, tail_at;
+    patience_t pat;
+} Box;
+
+#define WRAP 0x7FFFFFFF
+
+static int Box_init(Box *b, PyObject *args, PyObject *kw) {
+    PyObject *buf;
+    int rings, slots;
+    Py_ssize_t header, ring_bytes, record, open_at, bell_at, sleeping_at, head_at, tail_at;
+    static char *names[] = {"buf", "rings", "header", "ring", "record", "slots", "open",
+                            "bell", "sleeping", "head", "tail", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oinnninnnnn", names, &buf, &rings, &header,
+                                     &ring_bytes, &record, &slots, &open_at, &bell_at,
+                                     &sleeping_at, &head_at, &tail_at))
+        return -1;
+    if (b->held) {
+        PyBuffer_Release(&b->seg);
+        b->held = 0;
+    }
+    if (PyObject_GetBuffer(buf, &b->seg, PyBUF_WRITABLE | PyBUF_SIMPLE) < 0)
+        return -1;
+    b->held = 1;
+    int bad = rings < 1 || slots < 1 || header < 64 || record < header || ring_bytes < 64 ||
+              ring_bytes < 64 + (Py_ssize_t)slots * record ||
+              header + (Py_ssize_t)rings * ring_bytes > b->seg.len ||
+              open_at < 0 || open_at + 4 > header || bell_at < 0 || bell_at + 4 > header ||
+              sleeping_at < 0 || sleeping_at + 4 > header || head_at < 0 ||
+              head_at + 4 > 64 || tail_at < 0 || tail_at + 4 > 64 ||
+              (open_at | bell_at | sleeping_at | head_at | tail_at | header | ring_bytes |
+               record) % 4 != 0 || ((uintptr_t)b->seg.buf) % 64 != 0;
+    if (bad) {
+        PyBuffer_Release(&b->seg);
+        b->held = 0;
+        PyErr_SetString(PyExc_ValueError, "minidist._core.Box: the layout does not fit "
+                                          "the segment");
+        return -1;
+    }
+    b->base = b->seg.buf;
+    b->bytes = b->seg.len;
+    b->rings = rings;
+    b->slots = slots;
+    b->header = header;
+    b->ring_bytes = ring_bytes;
+    b->record = record;
+    b->open_at = open_at;
+    b->bell_at = bell_at;
+    b->sleeping_at = sleeping_at;
+    b->head_at = head_at;
+    b->tail_at = tail_at;
+    b->pat.spin_full = b->pat.spin = 0;
+    b->pat.yield_full = b->pat.yielding = 0;
+    return 0;
+}
+
+static void Box_dealloc(Box *b) {
+    if (b->held)
+        PyBuffer_Release(&b->seg);
+    Py_TYPE(b)->tp_free((PyObject *)b);
+}
+
+static PyObject *Box_release(Box *b, PyObject *unused) {
+    (void)unused;
+    if (b->held) {
+        PyBuffer_Release(&b->seg);
+        b->held = 0;
+    }
+    b->base = NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Box_fit(Box *b, PyObject *const *args, Py_ssize_t n) {
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "fit(spin, yielding)");
+        return NULL;
+    }
+    double s = PyFloat_AsDouble(args[0]), y = PyFloat_AsDouble(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    b->pat.spin_full = b->pat.spin = s;
+    b->pat.yield_full = b->pat.yielding = y;
+    Py_RETURN_NONE;
+}
+
+static int box_ring(Box *b, PyObject *o, char **ring) {
+    if (b->base == NULL) {
+        PyErr_SetString(PyExc_ValueError, "minidist._core.Box: released");
+        return -1;
+    }
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < 0 || v >= b->rings) {
+        PyErr_SetString(PyExc_ValueError, "minidist._core.Box: ring out of range");
+        return -1;
+    }
+    *ring = b->base + b->header + (Py_ssize_t)v * b->ring_bytes;
+    return 0;
+}
+
+static int box_header(Box *b, PyObject *o, const char **out) {
+    if (!PyBytes_Check(o) || PyBytes_GET_SIZE(o) != b->header) {
+        PyErr_SetString(PyExc_ValueError, "minidist._core.Box: a record's header is 64 bytes");
+        return -1;
+    }
+    *out = PyBytes_AS_STRING(o);
+    return 0;
+}
+
+/* put(ring, header, payload) -> 0 (not written: closed or full), 1 (written), 2 (written,
+ * but the inbox closed meanwhile): minidist.inbox.Outbox.put. payload: a C-contiguous
+ * buffer or None. */
+static PyObject *Box_put(Box *b, PyObject *const *args, Py_ssize_t nargs) {
+    char *ring;
+    const char *header;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "put(ring, header, payload)");
+        return NULL;
+    }
+    if (box_ring(b, args[0], &ring) < 0 || box_header(b, args[1], &header) < 0)
+        return NULL;
+    Py_buffer pay;
+    int has = args[2] != Py_None;
+    if (has) {
+        if (PyObject_GetBuffer(args[2], &pay, PyBUF_C_CONTIGUOUS) < 0)
+            return NULL;
+        if (pay.len > b->record - b->header) {
+            PyBuffer_Release(&pay);
+            PyErr_SetString(PyExc_ValueError, "minidist._core.Box: a payload larger than "
+                                              "a record");
+            return NULL;
+        }
+    }
+    int32_t *open = (int32_t *)(b->base + b->open_at);
+    int32_t *tailp = (int32_t *)(ring + b->tail_at);
+    int32_t *headp = (int32_t *)(ring + b->head_at);
+    long result = 0;
+    if (load32(open)) {
+        int32_t tail = load32(tailp);
+        if (((uint32_t)(tail - load32(headp)) & WRAP) < (uint32_t)b->slots) {
+            char *at = ring + 64 + (Py_ssize_t)(tail % b->slots) * b->record;
+            memcpy(at, header, b->header);
+            if (has && pay.len)
+                memcpy(at + b->header, pay.buf, pay.len);
+            store32(tailp, (tail + 1) & WRAP); /* after the record: a reader sees both */
+            fence_full();
+            int32_t *sleeping = (int32_t *)(b->base + b->sleeping_at);
+            if (load32(sleeping)) {
+                int32_t *bell = (int32_t *)(b->base + b->bell_at);
+                store32(sleeping, 0);
+                store32(bell, (load32(bell) + 1) & WRAP);
+                sys_futex_wake(bell);
+            }
+            result = load32(open) ? 1 : 2;
+        }
+    }
+    if (has)
+        PyBuffer_Release(&pay);
+    return PyLong_FromLong(result);
+}
+
+/* take_if(ring, header, into) -> bool: the oldest record of the ring, if its header is
+ * `header`, copied into `into` (a writable C-contiguous buffer of the payload's size)
+ * and removed: minidist.inbox.Inbox.take_if. */
+static PyObject *Box_take_if(Box *b, PyObject *const *args, Py_ssize_t nargs) {
+    char *ring;
+    const char *header;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "take_if(ring, header, into)");
+        return NULL;
+    }
+    if (box_ring(b, args[0], &ring) < 0 || box_header(b, args[1], &header) < 0)
+        return NULL;
+    Py_buffer into;
+    if (PyObject_GetBuffer(args[2], &into, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (into.len > b->record - b->header) {
+        PyBuffer_Release(&into);
+        PyErr_SetString(PyExc_ValueError, "minidist._core.Box: more bytes than a record");
+        return NULL;
+    }
+    int32_t *headp = (int32_t *)(ring + b->head_at);
+    int32_t head = load32(headp);
+    int took = 0;
+    if (load32(ring + b->tail_at) != head) {
+        char *at = ring + 64 + (Py_ssize_t)(head % b->slots) * b->record;
+        if (memcmp(at, header, b->header) == 0) {
+            memcpy(into.buf, at + b->header, into.len);
+            store32(headp, (head + 1) & WRAP); /* after the copy */
+            took = 1;
+        }
+    }
+    PyBuffer_Release(&into);
+    return PyBool_FromLong(took);
+}
+
+/* wait(ring, seen, nap) -> bool: until the ring holds a record (True) or the bell moved
+ * from `seen` or `nap` seconds passed (False); spins, then sleeps on the bell saying so
+ * (minidist.inbox.Inbox.will_sleep / sleep), the GIL released. */
+static PyObject *Box_wait(Box *b, PyObject *const *args, Py_ssize_t nargs) {
+    char *ring;
+    int32_t seen;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "wait(ring, seen, nap)");
+        return NULL;
+    }
+    if (box_ring(b, args[0], &ring) < 0 || as_i32(args[1], &seen) < 0)
+        return NULL;
+    double nap = PyFloat_AsDouble(args[2]);
+    if (nap == -1.0 && PyErr_Occurred())
+        return NULL;
+    int32_t *headp = (int32_t *)(ring + b->head_at), *tailp = (int32_t *)(ring + b->tail_at);
+    int32_t *bell = (int32_t *)(b->base + b->bell_at);
+    int32_t *sleeping = (int32_t *)(b->base + b->sleeping_at);
+    int got = 0;
+    Py_BEGIN_ALLOW_THREADS
+    patience_t *pat = &b->pat;
+    double start = now_s();
+    if (pat->spin > 0) {
+        double end = start + pat->spin;
+        for (;;) {
+            for (int i = 0; i < 64 && !got; i++) {
+                got = load32(tailp) != load32(headp);
+                __builtin_ia32_pause();
+            }
+            if (got || load32(bell) != seen || now_s() >= end)
+                break;
+        }
+        if (got)
+            pat->spin = pat->spin_full;
+        else
+            pat->spin = pat->spin > 2e-6 ? pat->spin / 2 : 0;
+    }
+    if (!got && load32(bell) == seen && nap > 0) {
+        store32(sleeping, 1);
+        fence_full();
+        if (load32(tailp) == load32(headp) && load32(bell) == seen)
+            sys_futex_wait(bell, seen, nap);
+        store32(sleeping, 0);
+    }
+    got = load32(tailp) != load32(headp);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(got);
+}
+
+static PyMethodDef Box_methods[] = {
+    {"put", (PyCFunction)(void (*)(void))Box_put, METH_FASTCALL, NULL},
+    {"take_if", (PyCFunction)(void (*)(void))Box_take_if, METH_FASTCALL, NULL},
+    {"wait", (PyCFunction)(void (*)(void))Box_wait, METH_FASTCALL, NULL},
+    {"fit", (PyCFunction)(void (*)(void))Box_fit, METH_FASTCALL, NULL},
+    {"release", (PyCFunction)Box_release, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject BoxType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "minidist._core.Box",
+    .tp_basicsize = sizeof(Box),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A rank's inbox (minidist.inbox), its rings run by the compiled core.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Box_init,
+    .tp_dealloc = (destructor)Box_dealloc,
+    .tp_methods = Box_methods,
+};
+
+static PyMethodDef core_methods[] = {
+    {"futex_wait", (PyCFunction)(void (*)(void))core_futex_wait, METH_FASTCALL,
+     "futex_wait(addr, seen, timeout): sleep while the int32 at addr holds seen (GIL "
+     "released)."},
+    {"futex_wake", (PyCFunction)core_futex_wake, METH_O,
+     "futex_wake(addr): wake every sleeper on the int32 at addr."},
+    {"futex_add", (PyCFunction)(void (*)(void))core_futex_add, METH_FASTCALL,
+     "futex_add(addr, equals): add 1 to the int32 at addr, wake one sleeper if it held "
+     "equals."},
+    {"fence", (PyCFunction)core_fence, METH_NOARGS, "fence(): a full memory fence."},
+    {"wake_sleepers", (PyCFunction)core_wake_sleepers, METH_NOARGS,
+     "wake_sleepers(): wake every thread of this process asleep in the core's waits."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT, "minidist._core",
+    "The compiled executor of minidist's shared-memory paths (see minidist.core).", -1,
+    core_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__core(void) {
+    if (PyType_Ready(&AreaType) < 0 || PyType_Ready(&BoxType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&core_module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&AreaType);
+    if (PyModule_AddObject(m, "Area", (PyObject *)&AreaType) < 0) {
+        Py_DECREF(&AreaType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&BoxType);
+    if (PyModule_AddObject(m, "Box", (PyObject *)&BoxType) < 0) {
+        Py_DECREF(&BoxType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "DONE", DONE) < 0 ||
+        PyModule_AddIntConstant(m, "DIFFER", DIFFER) < 0 ||
+        PyModule_AddIntConstant(m, "WAIT_MORE", WAIT_MORE) < 0 ||
+        PyModule_AddIntConstant(m, "SETTLE_LATE", SETTLE_LATE) < 0 ||
+        PyModule_AddIntConstant(m, "SETTLE_DIFFERS", SETTLE_DIFFERS) < 0 ||
+        PyModule_AddIntConstant(m, "ABI", 1) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
