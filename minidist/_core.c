@@ -241,29 +241,102 @@ static PyObject *core_fence(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ a mapped segment */
+
+/* What an Area and a Box share (their first member): the segment's buffer, held while
+ * the object lives or until release(); where their part of it starts and its size; the
+ * waiter's patience. */
+typedef struct {
+    PyObject_HEAD
+    Py_buffer seg;
+    int held;
+    char *start;
+    Py_ssize_t bytes;
+    patience_t pat;
+} Mapped;
+
+/* Hold `buf` (a writable buffer), letting go of any held before. */
+static int mapped_hold(Mapped *m, PyObject *buf) {
+    if (m->held) {
+        PyBuffer_Release(&m->seg);
+        m->held = 0;
+    }
+    if (PyObject_GetBuffer(buf, &m->seg, PyBUF_WRITABLE | PyBUF_SIMPLE) < 0)
+        return -1;
+    m->held = 1;
+    m->pat.spin_full = m->pat.spin = 0;
+    m->pat.yield_full = m->pat.yielding = 0;
+    return 0;
+}
+
+/* A layout that does not fit: let go of the buffer, raise ValueError naming `what`. */
+static int mapped_refuse(Mapped *m, const char *what) {
+    PyBuffer_Release(&m->seg);
+    m->held = 0;
+    PyErr_Format(PyExc_ValueError, "minidist._core.%s: the layout does not fit the segment",
+                 what);
+    return -1;
+}
+
+static void Mapped_dealloc(Mapped *m) {
+    if (m->held)
+        PyBuffer_Release(&m->seg);
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+static PyObject *Mapped_release(Mapped *m, PyObject *unused) {
+    (void)unused;
+    if (m->held) {
+        PyBuffer_Release(&m->seg);
+        m->held = 0;
+    }
+    m->start = NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Mapped_fit(Mapped *m, PyObject *const *args, Py_ssize_t n) {
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "fit(spin, yielding)");
+        return NULL;
+    }
+    double s = PyFloat_AsDouble(args[0]), y = PyFloat_AsDouble(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    m->pat.spin_full = m->pat.spin = s;
+    m->pat.yield_full = m->pat.yielding = y;
+    Py_RETURN_NONE;
+}
+
+/* the methods every mapped type has, ending its table; and its type object */
+#define MAPPED_METHODS                                                                  \
+    {"fit", (PyCFunction)(void (*)(void))Mapped_fit, METH_FASTCALL, NULL},              \
+        {"release", (PyCFunction)Mapped_release, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}
+#define MAPPED_TYPE(T, doc)                                                             \
+    {                                                                                   \
+        PyVarObject_HEAD_INIT(NULL, 0).tp_name = "minidist._core." #T,                  \
+        .tp_basicsize = sizeof(T), .tp_flags = Py_TPFLAGS_DEFAULT, .tp_doc = doc,       \
+        .tp_new = PyType_GenericNew, .tp_init = (initproc)T##_init,                     \
+        .tp_dealloc = (destructor)Mapped_dealloc, .tp_methods = T##_methods,            \
+    }
+
 /* ------------------------------------------------------------------ the rooted area */
 
 typedef struct {
-    PyObject_HEAD
-    Py_buffer seg;     /* the group's fast segment, held while the area lives */
-    int held;
-    char *area;        /* the rooted area's first byte */
-    Py_ssize_t bytes;  /* its size */
+    Mapped m;          /* the group's fast segment; start: the rooted area's first byte */
     int n, me;
     Py_ssize_t header, done_at, pieces_at, piece;
-    patience_t pat;
 } Area;
 
 static inline char *head_of(Area *a, int rank, int parity) {
-    return a->area + ((Py_ssize_t)rank * 2 + parity) * a->header;
+    return a->m.start + ((Py_ssize_t)rank * 2 + parity) * a->header;
 }
 
 static inline char *piece_of(Area *a, int parity, int rank) {
-    return a->area + a->pieces_at + ((Py_ssize_t)parity * a->n + rank) * a->piece;
+    return a->m.start + a->pieces_at + ((Py_ssize_t)parity * a->n + rank) * a->piece;
 }
 
 static inline int64_t *done_of(Area *a, int rank) {
-    return (int64_t *)(a->area + a->done_at) + rank;
+    return (int64_t *)(a->m.start + a->done_at) + rank;
 }
 
 static int Area_init(Area *a, PyObject *args, PyObject *kw) {
@@ -275,72 +348,31 @@ static int Area_init(Area *a, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "Onniinnnn", names, &buf, &offset, &bytes,
                                      &n, &me, &header, &done_at, &pieces_at, &piece))
         return -1;
-    if (a->held) {
-        PyBuffer_Release(&a->seg);
-        a->held = 0;
-    }
-    if (PyObject_GetBuffer(buf, &a->seg, PyBUF_WRITABLE | PyBUF_SIMPLE) < 0)
+    if (mapped_hold(&a->m, buf) < 0)
         return -1;
-    a->held = 1;
     /* every offset is checked against the segment once, here */
     int bad = n < 2 || me < 0 || me >= n || header < 64 || offset < 0 || bytes < 0 ||
-              offset > a->seg.len || bytes > a->seg.len - offset || piece < 0 ||
+              offset > a->m.seg.len || bytes > a->m.seg.len - offset || piece < 0 ||
               done_at < 2 * (Py_ssize_t)n * header || done_at + 8 * (Py_ssize_t)n > pieces_at ||
               pieces_at > bytes || (bytes - pieces_at) / 2 / n < piece ||
-              ((uintptr_t)a->seg.buf + (uintptr_t)offset) % 64 != 0 || done_at % 8 != 0;
-    if (bad) {
-        PyBuffer_Release(&a->seg);
-        a->held = 0;
-        PyErr_SetString(PyExc_ValueError, "minidist._core.Area: the layout does not fit "
-                                          "the segment");
-        return -1;
-    }
-    a->area = (char *)a->seg.buf + offset;
-    a->bytes = bytes;
+              ((uintptr_t)a->m.seg.buf + (uintptr_t)offset) % 64 != 0 || done_at % 8 != 0;
+    if (bad)
+        return mapped_refuse(&a->m, "Area");
+    a->m.start = (char *)a->m.seg.buf + offset;
+    a->m.bytes = bytes;
     a->n = n;
     a->me = me;
     a->header = header;
     a->done_at = done_at;
     a->pieces_at = pieces_at;
     a->piece = piece;
-    a->pat.spin_full = a->pat.spin = 0;
-    a->pat.yield_full = a->pat.yielding = 0;
     return 0;
-}
-
-static void Area_dealloc(Area *a) {
-    if (a->held)
-        PyBuffer_Release(&a->seg);
-    Py_TYPE(a)->tp_free((PyObject *)a);
-}
-
-static PyObject *Area_release(Area *a, PyObject *unused) {
-    (void)unused;
-    if (a->held) {
-        PyBuffer_Release(&a->seg);
-        a->held = 0;
-    }
-    a->area = NULL;
-    Py_RETURN_NONE;
-}
-
-static PyObject *Area_fit(Area *a, PyObject *const *args, Py_ssize_t n) {
-    if (n != 2) {
-        PyErr_SetString(PyExc_TypeError, "fit(spin, yielding)");
-        return NULL;
-    }
-    double s = PyFloat_AsDouble(args[0]), y = PyFloat_AsDouble(args[1]);
-    if (PyErr_Occurred())
-        return NULL;
-    a->pat.spin_full = a->pat.spin = s;
-    a->pat.yield_full = a->pat.yielding = y;
-    Py_RETURN_NONE;
 }
 
 /* argument helpers: a call's number, a group rank, its key, a buffer of exact size */
 
 static int live(Area *a) {
-    if (a->area == NULL) {
+    if (a->m.start == NULL) {
         PyErr_SetString(PyExc_ValueError, "minidist._core.Area: released");
         return 0;
     }
@@ -471,7 +503,7 @@ static PyObject *Area_scatter_recv(Area *a, PyObject *const *args, Py_ssize_t na
         int got;
         Py_BEGIN_ALLOW_THREADS
         got = wait_word_nogil((int32_t *)(head + RELEASE), number,
-                              (int32_t *)(head + SLEEPING_RELEASE), number, &a->pat, nap);
+                              (int32_t *)(head + SLEEPING_RELEASE), number, &a->m.pat, nap);
         Py_END_ALLOW_THREADS
         if (!got)
             return PyLong_FromLong(WAIT_MORE);
@@ -562,7 +594,7 @@ static PyObject *Area_gather_root(Area *a, PyObject *const *args, Py_ssize_t nar
     if (load32(arrived) != n - 1) {
         int got;
         Py_BEGIN_ALLOW_THREADS
-        got = wait_word_nogil(arrived, n - 1, NULL, 0, &a->pat, nap);
+        got = wait_word_nogil(arrived, n - 1, NULL, 0, &a->m.pat, nap);
         Py_END_ALLOW_THREADS
         if (!got)
             return Py_BuildValue("(ii)", WAIT_MORE, -1);
@@ -611,15 +643,15 @@ static PyObject *Area_wait(Area *a, PyObject *const *args, Py_ssize_t nargs) {
     double nap = PyFloat_AsDouble(args[4]);
     if (PyErr_Occurred() || !live(a))
         return NULL;
-    if (word < 0 || word % 4 || word + 4 > a->bytes || flag % 4 || flag + 4 > a->bytes) {
+    if (word < 0 || word % 4 || word + 4 > a->m.bytes || flag % 4 || flag + 4 > a->m.bytes) {
         PyErr_SetString(PyExc_ValueError, "minidist._core.Area.wait: offset out of range");
         return NULL;
     }
     int got;
-    int32_t *w = (int32_t *)(a->area + word);
-    int32_t *fl = flag >= 0 ? (int32_t *)(a->area + flag) : NULL;
+    int32_t *w = (int32_t *)(a->m.start + word);
+    int32_t *fl = flag >= 0 ? (int32_t *)(a->m.start + flag) : NULL;
     Py_BEGIN_ALLOW_THREADS
-    got = wait_word_nogil(w, (int32_t)want, fl, (int32_t)fv, &a->pat, nap);
+    got = wait_word_nogil(w, (int32_t)want, fl, (int32_t)fv, &a->m.pat, nap);
     Py_END_ALLOW_THREADS
     return PyBool_FromLong(got);
 }
@@ -630,22 +662,11 @@ static PyMethodDef Area_methods[] = {
     {"gather_send", (PyCFunction)(void (*)(void))Area_gather_send, METH_FASTCALL, NULL},
     {"gather_root", (PyCFunction)(void (*)(void))Area_gather_root, METH_FASTCALL, NULL},
     {"wait", (PyCFunction)(void (*)(void))Area_wait, METH_FASTCALL, NULL},
-    {"fit", (PyCFunction)(void (*)(void))Area_fit, METH_FASTCALL, NULL},
-    {"release", (PyCFunction)Area_release, METH_NOARGS, NULL},
-    {NULL, NULL, 0, NULL},
+    MAPPED_METHODS,
 };
 
-static PyTypeObject AreaType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "minidist._core.Area",
-    .tp_basicsize = sizeof(Area),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A group's rooted area (minidist.fast_rooted) run by the compiled core.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Area_init,
-    .tp_dealloc = (destructor)Area_dealloc,
-    .tp_methods = Area_methods,
-};
+static PyTypeObject AreaType = MAPPED_TYPE(
+    Area, "A group's rooted area (minidist.fast_rooted) run by the compiled core.");
 
 /* ------------------------------------------------------------------ inboxes (p2p) */
 
@@ -653,14 +674,9 @@ static PyTypeObject AreaType = {
  * header (OPEN, BELL, SLEEPING), then per ring HEAD (int32) at 0, TAIL at 32 and
  * `slots` records of `record` bytes from 64. */
 typedef struct {
-    PyObject_HEAD
-    Py_buffer seg;
-    int held;
-    char *base;
-    Py_ssize_t bytes;
+    Mapped m; /* start: the inbox's first byte */
     int rings, slots;
     Py_ssize_t header, ring_bytes, record, open_at, bell_at, sleeping_at, head_at, tail_at;
-    patience_t pat;
 } Box;
 
 #define WRAP 0x7FFFFFFF
@@ -675,30 +691,20 @@ static int Box_init(Box *b, PyObject *args, PyObject *kw) {
                                      &ring_bytes, &record, &slots, &open_at, &bell_at,
                                      &sleeping_at, &head_at, &tail_at))
         return -1;
-    if (b->held) {
-        PyBuffer_Release(&b->seg);
-        b->held = 0;
-    }
-    if (PyObject_GetBuffer(buf, &b->seg, PyBUF_WRITABLE | PyBUF_SIMPLE) < 0)
+    if (mapped_hold(&b->m, buf) < 0)
         return -1;
-    b->held = 1;
     int bad = rings < 1 || slots < 1 || header < 64 || record < header || ring_bytes < 64 ||
               ring_bytes < 64 + (Py_ssize_t)slots * record ||
-              header + (Py_ssize_t)rings * ring_bytes > b->seg.len ||
+              header + (Py_ssize_t)rings * ring_bytes > b->m.seg.len ||
               open_at < 0 || open_at + 4 > header || bell_at < 0 || bell_at + 4 > header ||
               sleeping_at < 0 || sleeping_at + 4 > header || head_at < 0 ||
               head_at + 4 > 64 || tail_at < 0 || tail_at + 4 > 64 ||
               (open_at | bell_at | sleeping_at | head_at | tail_at | header | ring_bytes |
-               record) % 4 != 0 || ((uintptr_t)b->seg.buf) % 64 != 0;
-    if (bad) {
-        PyBuffer_Release(&b->seg);
-        b->held = 0;
-        PyErr_SetString(PyExc_ValueError, "minidist._core.Box: the layout does not fit "
-                                          "the segment");
-        return -1;
-    }
-    b->base = b->seg.buf;
-    b->bytes = b->seg.len;
+               record) % 4 != 0 || ((uintptr_t)b->m.seg.buf) % 64 != 0;
+    if (bad)
+        return mapped_refuse(&b->m, "Box");
+    b->m.start = b->m.seg.buf;
+    b->m.bytes = b->m.seg.len;
     b->rings = rings;
     b->slots = slots;
     b->header = header;
@@ -709,42 +715,11 @@ static int Box_init(Box *b, PyObject *args, PyObject *kw) {
     b->sleeping_at = sleeping_at;
     b->head_at = head_at;
     b->tail_at = tail_at;
-    b->pat.spin_full = b->pat.spin = 0;
-    b->pat.yield_full = b->pat.yielding = 0;
     return 0;
 }
 
-static void Box_dealloc(Box *b) {
-    if (b->held)
-        PyBuffer_Release(&b->seg);
-    Py_TYPE(b)->tp_free((PyObject *)b);
-}
-
-static PyObject *Box_release(Box *b, PyObject *unused) {
-    (void)unused;
-    if (b->held) {
-        PyBuffer_Release(&b->seg);
-        b->held = 0;
-    }
-    b->base = NULL;
-    Py_RETURN_NONE;
-}
-
-static PyObject *Box_fit(Box *b, PyObject *const *args, Py_ssize_t n) {
-    if (n != 2) {
-        PyErr_SetString(PyExc_TypeError, "fit(spin, yielding)");
-        return NULL;
-    }
-    double s = PyFloat_AsDouble(args[0]), y = PyFloat_AsDouble(args[1]);
-    if (PyErr_Occurred())
-        return NULL;
-    b->pat.spin_full = b->pat.spin = s;
-    b->pat.yield_full = b->pat.yielding = y;
-    Py_RETURN_NONE;
-}
-
 static int box_ring(Box *b, PyObject *o, char **ring) {
-    if (b->base == NULL) {
+    if (b->m.start == NULL) {
         PyErr_SetString(PyExc_ValueError, "minidist._core.Box: released");
         return -1;
     }
@@ -755,7 +730,7 @@ static int box_ring(Box *b, PyObject *o, char **ring) {
         PyErr_SetString(PyExc_ValueError, "minidist._core.Box: ring out of range");
         return -1;
     }
-    *ring = b->base + b->header + (Py_ssize_t)v * b->ring_bytes;
+    *ring = b->m.start + b->header + (Py_ssize_t)v * b->ring_bytes;
     return 0;
 }
 
@@ -792,7 +767,7 @@ static PyObject *Box_put(Box *b, PyObject *const *args, Py_ssize_t nargs) {
             return NULL;
         }
     }
-    int32_t *open = (int32_t *)(b->base + b->open_at);
+    int32_t *open = (int32_t *)(b->m.start + b->open_at);
     int32_t *tailp = (int32_t *)(ring + b->tail_at);
     int32_t *headp = (int32_t *)(ring + b->head_at);
     long result = 0;
@@ -805,9 +780,9 @@ static PyObject *Box_put(Box *b, PyObject *const *args, Py_ssize_t nargs) {
                 memcpy(at + b->header, pay.buf, pay.len);
             store32(tailp, (tail + 1) & WRAP); /* after the record: a reader sees both */
             fence_full();
-            int32_t *sleeping = (int32_t *)(b->base + b->sleeping_at);
+            int32_t *sleeping = (int32_t *)(b->m.start + b->sleeping_at);
             if (load32(sleeping)) {
-                int32_t *bell = (int32_t *)(b->base + b->bell_at);
+                int32_t *bell = (int32_t *)(b->m.start + b->bell_at);
                 store32(sleeping, 0);
                 store32(bell, (load32(bell) + 1) & WRAP);
                 sys_futex_wake(bell);
@@ -871,11 +846,11 @@ static PyObject *Box_wait(Box *b, PyObject *const *args, Py_ssize_t nargs) {
     if (nap == -1.0 && PyErr_Occurred())
         return NULL;
     int32_t *headp = (int32_t *)(ring + b->head_at), *tailp = (int32_t *)(ring + b->tail_at);
-    int32_t *bell = (int32_t *)(b->base + b->bell_at);
-    int32_t *sleeping = (int32_t *)(b->base + b->sleeping_at);
+    int32_t *bell = (int32_t *)(b->m.start + b->bell_at);
+    int32_t *sleeping = (int32_t *)(b->m.start + b->sleeping_at);
     int got = 0;
     Py_BEGIN_ALLOW_THREADS
-    patience_t *pat = &b->pat;
+    patience_t *pat = &b->m.pat;
     double start = now_s();
     if (pat->spin > 0) {
         double end = start + pat->spin;
@@ -908,22 +883,11 @@ static PyMethodDef Box_methods[] = {
     {"put", (PyCFunction)(void (*)(void))Box_put, METH_FASTCALL, NULL},
     {"take_if", (PyCFunction)(void (*)(void))Box_take_if, METH_FASTCALL, NULL},
     {"wait", (PyCFunction)(void (*)(void))Box_wait, METH_FASTCALL, NULL},
-    {"fit", (PyCFunction)(void (*)(void))Box_fit, METH_FASTCALL, NULL},
-    {"release", (PyCFunction)Box_release, METH_NOARGS, NULL},
-    {NULL, NULL, 0, NULL},
+    MAPPED_METHODS,
 };
 
-static PyTypeObject BoxType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "minidist._core.Box",
-    .tp_basicsize = sizeof(Box),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A rank's inbox (minidist.inbox), its rings run by the compiled core.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Box_init,
-    .tp_dealloc = (destructor)Box_dealloc,
-    .tp_methods = Box_methods,
-};
+static PyTypeObject BoxType = MAPPED_TYPE(
+    Box, "A rank's inbox (minidist.inbox), its rings run by the compiled core.");
 
 static PyMethodDef core_methods[] = {
     {"futex_wait", (PyCFunction)(void (*)(void))core_futex_wait, METH_FASTCALL,
