@@ -226,25 +226,12 @@ class Repeat:
     def again(self, output: object, input: object, root: int, group: object) -> bool:
         """Number and run the call (a scatter's or gather's own arrays, as the blocking
         API takes them) if it is this one again (True); else nothing (False)."""
-        if self.core is not None and not self.is_root:  # an env worker's step: inlined
+        if self.core is not None and not self.is_root:  # an env worker's step
             arr = output if self.scatter else input
-            if group is not self.group or root != self.root or (
-                    group is None and self.planner.default is not self.g):
+            job = self.worker_number(arr, root, group)
+            if job is None:
                 return False
-            if type(arr) is not np.ndarray or arr.dtype is not self.dtype or \
-                    arr.shape != (self.out_shape if self.scatter else self.in_shape):
-                return False
-            flags = arr.flags
-            if not flags.c_contiguous or (self.scatter and not flags.writeable):
-                return False
-            f, seq = self.take(self.g)
-            if (self.turns.get(self.gid, 0) != f or self.engine.may_refuse()
-                    or self.fast.gave_up is not None or self.rooted.pending is not None
-                    or self.slots.get(self.gid) is not self.fast):
-                out, inp = (arr, None) if self.scatter else (None, arr)
-                self._general(self._call(seq), f, out, inp)
-            else:
-                self._worker(f, seq, arr, arr)
+            self.worker_run(job, arr)
             return True
         if self.scatter:
             out, inp = output, input if self.is_root else None
@@ -254,6 +241,32 @@ class Repeat:
             return False
         self.go(self.number(out, inp))
         return True
+
+    def worker_number(self, arr: object, root: int, group: object) -> tuple | None:
+        """On a rank that is not the root, with the compiled core: :meth:`fits` and
+        :meth:`number` in one, for the one array such a rank passes (a scatter's output,
+        a gather's input); None, with nothing done, if the call is not this one again."""
+        if group is not self.group or root != self.root or (
+                group is None and self.planner.default is not self.g):
+            return None
+        if type(arr) is not np.ndarray or arr.dtype is not self.dtype or \
+                arr.shape != (self.out_shape if self.scatter else self.in_shape):
+            return None
+        flags = arr.flags
+        if not flags.c_contiguous or (self.scatter and not flags.writeable):
+            return None
+        return self.take(self.g)
+
+    def worker_run(self, job: tuple, arr: np.ndarray) -> None:
+        """Run a call numbered by :meth:`worker_number` (as :meth:`go` does)."""
+        f, seq = job
+        if (self.turns.get(self.gid, 0) != f or self.engine.may_refuse()
+                or self.fast.gave_up is not None or self.rooted.pending is not None
+                or self.slots.get(self.gid) is not self.fast):
+            out, inp = (arr, None) if self.scatter else (None, arr)
+            self._general(self._call(seq), f, out, inp)
+        else:
+            self._worker(f, seq, arr, arr)
 
     def drop(self) -> None:
         """Never run again (its door closed): let go of the segment's views."""

@@ -396,6 +396,18 @@ def again_sent(kind: str, t: object, ts: object, root: int, g: Group | None) -> 
     arr = plain_view(t)
     if arr is None:
         return False
+    if r.core is not None and not r.is_root:  # an env worker's step
+        if ts is not None and (type(ts) not in (list, tuple) or ts):
+            return False
+        with _order:
+            job = r.worker_number(arr, root, g)
+        if job is None:
+            return False
+        try:
+            r.worker_run(job, arr)
+        except DistTimeoutError as e:
+            raise torch_worded(e) from e.__cause__
+        return True
     lv = None
     if r.is_root:
         lv = list_views(ts, arr)
