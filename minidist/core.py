@@ -18,10 +18,9 @@ from types import ModuleType
 
 log = logging.getLogger("minidist.core")
 
-HOW_TO_BUILD = ("reinstall minidist where a C compiler and Python's headers are present "
-                "(for example `apt-get install gcc python3-dev`, then `pip install "
-                "--force-reinstall --no-deps --no-binary minidist minidist` or `pip install -e .` "
-                "in a checkout)")
+HOW_TO_BUILD = ("to build it, install a C compiler and Python's headers (for example "
+                "`apt-get install gcc python3-dev`) and reinstall minidist (in a checkout: "
+                "`pip install --force-reinstall --no-deps -e .`)")
 
 
 def _load() -> tuple[ModuleType | None, str]:
