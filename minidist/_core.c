@@ -61,10 +61,6 @@ static inline void store64(volatile void *p, int64_t v) {
     __atomic_store_n((int64_t *)p, v, __ATOMIC_RELEASE);
 }
 
-static inline int64_t load64(const volatile void *p) {
-    return __atomic_load_n((const int64_t *)p, __ATOMIC_ACQUIRE);
-}
-
 static inline void fence_full(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 /* The words this process's threads sleep on, so that news of a peer (it died, it left)
@@ -109,19 +105,14 @@ typedef struct {
     double spin_full, yield_full, spin, yielding;
 } patience_t;
 
-/* Until the int32 at `word` holds `want` (1), or a slice passed (0). `flag`: where a
- * sleeper says it sleeps (NULL: the writer always wakes), storing `flag_value`. Called
- * with the GIL released. */
-static int wait_word_nogil(int32_t *word, int32_t want, int32_t *flag, int32_t flag_value,
-                           patience_t *pat, double nap) {
-    if (load32(word) == want)
-        return 1;
-    double start = now_s();
-    if (pat && pat->spin > 0) {
-        double end = start + pat->spin;
+/* Spin (or yield) while `pat` allows, until ready(ctx): 1 once it is (the patience back
+ * to full), 0 when the patience ran out (halved for the next wait). */
+static int patient(patience_t *pat, int (*ready)(const void *), const void *ctx) {
+    if (pat->spin > 0) {
+        double end = now_s() + pat->spin;
         for (;;) {
             for (int i = 0; i < 64; i++) {
-                if (load32(word) == want) {
+                if (ready(ctx)) {
                     pat->spin = pat->spin_full;
                     return 1;
                 }
@@ -131,11 +122,11 @@ static int wait_word_nogil(int32_t *word, int32_t want, int32_t *flag, int32_t f
                 break;
         }
         pat->spin = pat->spin > 2e-6 ? pat->spin / 2 : 0;
-    } else if (pat && pat->yielding > 0) {
-        double end = start + pat->yielding;
+    } else if (pat->yielding > 0) {
+        double end = now_s() + pat->yielding;
         for (;;) {
             sched_yield();
-            if (load32(word) == want) {
+            if (ready(ctx)) {
                 pat->yielding = pat->yield_full;
                 return 1;
             }
@@ -144,6 +135,27 @@ static int wait_word_nogil(int32_t *word, int32_t want, int32_t *flag, int32_t f
         }
         pat->yielding = pat->yielding > 5e-6 ? pat->yielding / 2 : 0;
     }
+    return 0;
+}
+
+typedef struct {
+    const int32_t *word;
+    int32_t want;
+} word_is_t;
+
+static int word_is(const void *ctx) {
+    const word_is_t *w = ctx;
+    return load32(w->word) == w->want;
+}
+
+/* Until the int32 at `word` holds `want` (1), or a slice passed (0). `flag`: where a
+ * sleeper says it sleeps (NULL: the writer always wakes), storing `flag_value`. Called
+ * with the GIL released. */
+static int wait_word_nogil(int32_t *word, int32_t want, int32_t *flag, int32_t flag_value,
+                           patience_t *pat, double nap) {
+    word_is_t is = {word, want};
+    if (word_is(&is) || patient(pat, word_is, &is))
+        return 1;
     double end = now_s() + nap;
     for (;;) {
         int32_t seen = load32(word);
@@ -830,9 +842,20 @@ static PyObject *Box_take_if(Box *b, PyObject *const *args, Py_ssize_t nargs) {
     return PyBool_FromLong(took);
 }
 
+typedef struct {
+    int32_t *head, *tail, *bell;
+    int32_t seen;
+} ring_news_t;
+
+/* whether a ring holds a record, or its inbox's bell moved from what the waiter saw */
+static int ring_news(const void *ctx) {
+    const ring_news_t *r = ctx;
+    return load32(r->tail) != load32(r->head) || load32(r->bell) != r->seen;
+}
+
 /* wait(ring, seen, nap) -> bool: until the ring holds a record (True) or the bell moved
- * from `seen` or `nap` seconds passed (False); spins, then sleeps on the bell saying so
- * (minidist.inbox.Inbox.will_sleep / sleep), the GIL released. */
+ * from `seen` or `nap` seconds passed (False); spins or yields, then sleeps on the bell
+ * saying so (minidist.inbox.Inbox.will_sleep / sleep), the GIL released. */
 static PyObject *Box_wait(Box *b, PyObject *const *args, Py_ssize_t nargs) {
     char *ring;
     int32_t seen;
@@ -845,36 +868,19 @@ static PyObject *Box_wait(Box *b, PyObject *const *args, Py_ssize_t nargs) {
     double nap = PyFloat_AsDouble(args[2]);
     if (nap == -1.0 && PyErr_Occurred())
         return NULL;
-    int32_t *headp = (int32_t *)(ring + b->head_at), *tailp = (int32_t *)(ring + b->tail_at);
-    int32_t *bell = (int32_t *)(b->m.start + b->bell_at);
+    ring_news_t news = {(int32_t *)(ring + b->head_at), (int32_t *)(ring + b->tail_at),
+                        (int32_t *)(b->m.start + b->bell_at), seen};
     int32_t *sleeping = (int32_t *)(b->m.start + b->sleeping_at);
-    int got = 0;
+    int got;
     Py_BEGIN_ALLOW_THREADS
-    patience_t *pat = &b->m.pat;
-    double start = now_s();
-    if (pat->spin > 0) {
-        double end = start + pat->spin;
-        for (;;) {
-            for (int i = 0; i < 64 && !got; i++) {
-                got = load32(tailp) != load32(headp);
-                __builtin_ia32_pause();
-            }
-            if (got || load32(bell) != seen || now_s() >= end)
-                break;
-        }
-        if (got)
-            pat->spin = pat->spin_full;
-        else
-            pat->spin = pat->spin > 2e-6 ? pat->spin / 2 : 0;
-    }
-    if (!got && load32(bell) == seen && nap > 0) {
+    if (!ring_news(&news) && !patient(&b->m.pat, ring_news, &news) && nap > 0) {
         store32(sleeping, 1);
         fence_full();
-        if (load32(tailp) == load32(headp) && load32(bell) == seen)
-            sys_futex_wait(bell, seen, nap);
+        if (!ring_news(&news))
+            sys_futex_wait(news.bell, seen, nap);
         store32(sleeping, 0);
     }
-    got = load32(tailp) != load32(headp);
+    got = load32(news.tail) != load32(news.head);
     Py_END_ALLOW_THREADS
     return PyBool_FromLong(got);
 }

@@ -23,9 +23,13 @@ HOW_TO_BUILD = ("to build it, install a C compiler and Python's headers (for exa
                 "`pip install --force-reinstall --no-deps -e .`)")
 
 
+# whether MINIDIST_CORE asks for the pure core (read once, as the core is chosen once)
+PURE_ASKED = os.environ.get("MINIDIST_CORE", "1").strip() in ("0", "pure", "off", "false")
+
+
 def _load() -> tuple[ModuleType | None, str]:
     """The compiled module and why it is (or is not) the active core."""
-    if os.environ.get("MINIDIST_CORE", "1").strip() in ("0", "pure", "off", "false"):
+    if PURE_ASKED:
         return None, "MINIDIST_CORE=0 asks for the pure-Python core"
     if platform.machine() not in ("x86_64", "AMD64"):
         return None, (f"the compiled core runs on x86-64 only (this is "
@@ -40,7 +44,7 @@ def _load() -> tuple[ModuleType | None, str]:
 compiled, why = _load()
 
 if compiled is None and os.environ.get("MINIDIST_REQUIRE_CORE", "").strip() == "1" and \
-        os.environ.get("MINIDIST_CORE", "1").strip() not in ("0", "pure", "off", "false"):
+        not PURE_ASKED:
     raise ImportError(f"MINIDIST_REQUIRE_CORE=1 but {why}")
 
 
@@ -61,7 +65,7 @@ def announce(rank: int) -> None:
     """Once per job, at ``init()`` on rank 0: a warning when the pure core runs because
     the compiled one is missing (not when ``MINIDIST_CORE=0`` asked for it)."""
     global _said
-    if _said or compiled is not None or rank != 0 or why.startswith("MINIDIST_CORE=0"):
+    if _said or compiled is not None or rank != 0 or PURE_ASKED:
         return
     _said = True
     log.warning("minidist runs its pure-Python core: %s. The shared-memory paths work, "

@@ -45,11 +45,11 @@ class CompiledRoles:
 
     def core_gather_root(self, f: int, head: int, key: bytes, deadline: float,
                           hooks: Hooks, call, src: np.ndarray, out: np.ndarray,
-                          nb: int) -> bool:
+                          nb: int) -> None:
         """:meth:`gather_root` by the compiled core, with this rank's pending scatter
-        settled on the way: True when the call is done; False when the scatter's
-        receivers were not all through it (the call is left, its arrivals counted, to
-        the Python steps after :meth:`_collect`'s wait)."""
+        settled on the way; when the scatter's receivers were not all through it, the
+        core leaves the call, its arrivals counted, to the Python steps after
+        :meth:`_collect`'s wait, here."""
         pending = self.pending
         pf, pkey = (pending[0], pending[1]) if pending is not None else (-1, b"")
         number, parity = (f + 1) & 0x7FFFFFFF, f & 1
@@ -69,11 +69,9 @@ class CompiledRoles:
                 raise self.mismatch(call, bad, parity)
             out.view(np.uint8).reshape(self.size, nb)[...] = self.pieces[parity][:, :nb]
             self._finish(f)
-            return True
+            return
         self.pending = None
         if got == _SETTLE_DIFFERS:
             raise self.mismatch(pending[2], bad, pf & 1, tail=SETTLED_TAIL.format(call.seq))
         if got == _DIFFER:
             raise self.mismatch(call, bad, parity)
-        return True
-

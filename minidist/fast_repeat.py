@@ -122,14 +122,8 @@ class Repeat:
         the rooted area straight away when nothing is unusual, else the general run."""
         f, seq, out, inp = job
         rooted = self.rooted
-        if (self.turns.get(self.gid, 0) != f or self.engine.may_refuse()
-                or self.fast.gave_up is not None
-                or (rooted.pending is not None and (self.scatter or not self.is_root))
-                or self.slots.get(self.gid) is not self.fast):
+        if self._unusual(f):
             self._general(self._call(seq), f, out, inp)
-            return
-        if self.core is not None and not self.is_root:
-            self._worker(f, seq, out, inp)
             return
         call = self._call(seq)
         parity = f & 1
@@ -158,12 +152,19 @@ class Repeat:
                 rooted.gather_send(f, head, at, self.groot, self.key, call, self.mine[parity],
                                    inp)
         except BaseException as e:  # whatever ends a call early: this rank is done here
-            rooted.gave_up = e
-            if isinstance(e, DistError):
-                self.calls.failed(call, e, self.loop)
+            self._failed(call, e, f)
             raise
-        finally:
-            self.calls.turn_done(self.gid, f + 1)
+        self.calls.turn_done(self.gid, f + 1)
+
+    def _unusual(self, f: int) -> bool:
+        """Whether fast call ``f`` must take the general run: another call's turn, an
+        error or abort known on this rank, an earlier call that ended early, a scatter
+        not yet settled (on its root, before another scatter; on any other rank), the
+        group's segment gone."""
+        return (self.turns.get(self.gid, 0) != f or self.engine.may_refuse()
+                or self.fast.gave_up is not None
+                or (self.rooted.pending is not None and (self.scatter or not self.is_root))
+                or self.slots.get(self.gid) is not self.fast)
 
     def _call(self, seq: int) -> Call:
         """The call numbered ``seq`` (what errors and the general run name)."""
@@ -260,9 +261,7 @@ class Repeat:
     def worker_run(self, job: tuple, arr: np.ndarray) -> None:
         """Run a call numbered by :meth:`worker_number` (as :meth:`go` does)."""
         f, seq = job
-        if (self.turns.get(self.gid, 0) != f or self.engine.may_refuse()
-                or self.fast.gave_up is not None or self.rooted.pending is not None
-                or self.slots.get(self.gid) is not self.fast):
+        if self._unusual(f):
             out, inp = (arr, None) if self.scatter else (None, arr)
             self._general(self._call(seq), f, out, inp)
         else:

@@ -273,19 +273,16 @@ class Rooted(Waits, CompiledRoles):
         if self.core is not None:
             differs = self.core_scatter_recv(f, hw, root, key, deadline, hooks, call, out,
                                               mine.nbytes)
-            self.behind = (f, root)
-            if differs:
-                raise self.mismatch(call, root, f & 1)
-            return
-        if w[hw + RELEASE // 4] != number:
-            self._wait(hw + RELEASE // 4, number, hw + SLEEPING_RELEASE // 4, root,
-                       f & 1, number, deadline, hooks, call)
-        differs = mv[head + 4:head + 4 + _KEY] != key
-        if not differs:
-            out[...] = mine
-        _KEY_SEQ.pack_into(mv, at + 4, key, call.seq)
-        w[at >> 2] = number  # after its reads and its signature: for the root's check
-        self.dq[self.me] = f + 1
+        else:
+            if w[hw + RELEASE // 4] != number:
+                self._wait(hw + RELEASE // 4, number, hw + SLEEPING_RELEASE // 4, root,
+                           f & 1, number, deadline, hooks, call)
+            differs = mv[head + 4:head + 4 + _KEY] != key
+            if not differs:
+                out[...] = mine
+            _KEY_SEQ.pack_into(mv, at + 4, key, call.seq)
+            w[at >> 2] = number  # after its reads and its signature: for the root's check
+            self.dq[self.me] = f + 1
         self.behind = (f, root)
         if differs:
             raise self.mismatch(call, root, f & 1)
@@ -296,8 +293,8 @@ class Rooted(Waits, CompiledRoles):
         """A gather's root: its own ``src`` into its piece, its signature, then (once
         the last sender woke it) every signature compared and the ``rows`` into
         ``out`` (by rows)."""
-        if self.core is not None and self.core_gather_root(f, head, key, deadline, hooks,
-                                                            call, src, out, mine.nbytes):
+        if self.core is not None:
+            self.core_gather_root(f, head, key, deadline, hooks, call, src, out, mine.nbytes)
             return
         mine[...] = src
         bad = self._collect(f, head, key, deadline, hooks, call)
@@ -334,20 +331,17 @@ class Rooted(Waits, CompiledRoles):
         count added to the root's (the last one wakes it); no wait."""
         if self.core is not None:
             differs = self.core.gather_send(f, root, key, call.seq, src, mine.nbytes)
-            self.behind = (f, root)
-            if differs:
-                raise self.mismatch(call, root, f & 1)
-            return
-        w, mv, number = self.w, self.mv, (f + 1) & 0x7FFFFFFF
-        mine[...] = src
-        _KEY_SEQ.pack_into(mv, at + 4, key, call.seq)
-        hw = head >> 2
-        differs = w[hw] == number and mv[head + 4:head + 4 + _KEY] != key
-        # its last load of the call is done: so says its done word, before the count
-        # wakes the root (which, on a crowded node, then runs before it stores more)
-        self.dq[self.me] = f + 1
-        w[at >> 2] = number  # after the piece and the signature
-        futex_add(self.base + head + ARRIVED, self.size - 2)  # the last one wakes the root
+        else:
+            w, mv, number = self.w, self.mv, (f + 1) & 0x7FFFFFFF
+            mine[...] = src
+            _KEY_SEQ.pack_into(mv, at + 4, key, call.seq)
+            hw = head >> 2
+            differs = w[hw] == number and mv[head + 4:head + 4 + _KEY] != key
+            # its last load of the call is done: so says its done word, before the count
+            # wakes the root (which, on a crowded node, then runs before it stores more)
+            self.dq[self.me] = f + 1
+            w[at >> 2] = number  # after the piece and the signature
+            futex_add(self.base + head + ARRIVED, self.size - 2)  # the last one wakes root
         self.behind = (f, root)  # the others may still be in the call before
         if differs:
             raise self.mismatch(call, root, f & 1)

@@ -104,9 +104,9 @@ class Takes(Remembered):
         box = inbox.core
         for sleep in (True, False):
             seen = inbox.bell()
-            if box is not None and sleep and not (
-                    mailbox.early or e.rendezvous_lost is not None
-                    or mailbox.is_dead(src) is not None):
+            sleep = sleep and not (mailbox.early or e.rendezvous_lost is not None
+                                   or mailbox.is_dead(src) is not None)
+            if box is not None and sleep:
                 box.wait(ring, seen, SLICE)  # spin, then sleep on the bell (the GIL let go)
                 sleep = False
             if inbox.waiting(ring):
@@ -116,8 +116,7 @@ class Takes(Remembered):
                     break  # another receive's record: the general path sets it aside
                 self.taken += 1
                 return None
-            if not sleep or mailbox.early or e.rendezvous_lost is not None or \
-                    mailbox.is_dead(src) is not None or not p2p.sleeps_at_once():
+            if not sleep or not p2p.sleeps_at_once():
                 break
             inbox.will_sleep()  # as the general receive sleeps
             if inbox.bell() == seen and not inbox.waiting(ring):

@@ -396,9 +396,9 @@ def again_sent(kind: str, t: object, ts: object, root: int, g: Group | None) -> 
     arr = plain_view(t)
     if arr is None:
         return False
+    if not r.is_root and ts is not None and (type(ts) not in (list, tuple) or ts):
+        return False  # the general path says what is wrong (an empty list is None)
     if r.core is not None and not r.is_root:  # an env worker's step
-        if ts is not None and (type(ts) not in (list, tuple) or ts):
-            return False
         with _order:
             job = r.worker_number(arr, root, g)
         if job is None:
@@ -417,8 +417,6 @@ def again_sent(kind: str, t: object, ts: object, root: int, g: Group | None) -> 
             out, inp = arr, lv.pack()
         else:
             out, inp = lv.rows, arr
-    elif ts is not None and (type(ts) not in (list, tuple) or ts):
-        return False  # the general path says what is wrong (an empty list is None)
     else:
         out, inp = (arr, None) if kind == "scatter" else (None, arr)
     with _order:
