@@ -683,12 +683,14 @@ static PyTypeObject AreaType = MAPPED_TYPE(
 /* ------------------------------------------------------------------ inboxes (p2p) */
 
 /* A rank's inbox (minidist.inbox), mapped by its reader or by a sender: a 64-byte inbox
- * header (OPEN, BELL, SLEEPING), then per ring HEAD (int32) at 0, TAIL at 32 and
- * `slots` records of `record` bytes from 64. */
+ * header (OPEN, BELL, SLEEPING), then per ring `ctrl` bytes holding HEAD (int32) and
+ * TAIL, then from `data` each ring's `slots` records of `record` bytes, ring by ring.
+ * `room`: the bytes of a record a put may write (a sender's reserved pages). */
 typedef struct {
     Mapped m; /* start: the inbox's first byte */
     int rings, slots;
-    Py_ssize_t header, ring_bytes, record, open_at, bell_at, sleeping_at, head_at, tail_at;
+    Py_ssize_t header, ctrl, data, record, room, open_at, bell_at, sleeping_at, head_at,
+        tail_at;
 } Box;
 
 #define WRAP 0x7FFFFFFF
@@ -696,22 +698,23 @@ typedef struct {
 static int Box_init(Box *b, PyObject *args, PyObject *kw) {
     PyObject *buf;
     int rings, slots;
-    Py_ssize_t header, ring_bytes, record, open_at, bell_at, sleeping_at, head_at, tail_at;
-    static char *names[] = {"buf", "rings", "header", "ring", "record", "slots", "open",
-                            "bell", "sleeping", "head", "tail", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oinnninnnnn", names, &buf, &rings, &header,
-                                     &ring_bytes, &record, &slots, &open_at, &bell_at,
+    Py_ssize_t header, ctrl, data, record, open_at, bell_at, sleeping_at, head_at, tail_at;
+    static char *names[] = {"buf", "rings", "header", "ctrl", "data", "record", "slots",
+                            "open", "bell", "sleeping", "head", "tail", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oinnnninnnnn", names, &buf, &rings, &header,
+                                     &ctrl, &data, &record, &slots, &open_at, &bell_at,
                                      &sleeping_at, &head_at, &tail_at))
         return -1;
     if (mapped_hold(&b->m, buf) < 0)
         return -1;
-    int bad = rings < 1 || slots < 1 || header < 64 || record < header || ring_bytes < 64 ||
-              ring_bytes < 64 + (Py_ssize_t)slots * record ||
-              header + (Py_ssize_t)rings * ring_bytes > b->m.seg.len ||
+    int bad = rings < 1 || rings > (1 << 20) || slots < 1 || slots > 64 || header < 64 ||
+              record < header || record > (1 << 26) || ctrl < 64 || ctrl > 4096 ||
+              data < header + (Py_ssize_t)rings * ctrl ||
+              data + (Py_ssize_t)rings * slots * record > b->m.seg.len ||
               open_at < 0 || open_at + 4 > header || bell_at < 0 || bell_at + 4 > header ||
               sleeping_at < 0 || sleeping_at + 4 > header || head_at < 0 ||
-              head_at + 4 > 64 || tail_at < 0 || tail_at + 4 > 64 ||
-              (open_at | bell_at | sleeping_at | head_at | tail_at | header | ring_bytes |
+              head_at + 4 > ctrl || tail_at < 0 || tail_at + 4 > ctrl ||
+              (open_at | bell_at | sleeping_at | head_at | tail_at | header | ctrl | data |
                record) % 4 != 0 || ((uintptr_t)b->m.seg.buf) % 64 != 0;
     if (bad)
         return mapped_refuse(&b->m, "Box");
@@ -720,8 +723,10 @@ static int Box_init(Box *b, PyObject *args, PyObject *kw) {
     b->rings = rings;
     b->slots = slots;
     b->header = header;
-    b->ring_bytes = ring_bytes;
+    b->ctrl = ctrl;
+    b->data = data;
     b->record = record;
+    b->room = record;
     b->open_at = open_at;
     b->bell_at = bell_at;
     b->sleeping_at = sleeping_at;
@@ -730,7 +735,8 @@ static int Box_init(Box *b, PyObject *args, PyObject *kw) {
     return 0;
 }
 
-static int box_ring(Box *b, PyObject *o, char **ring) {
+/* ring `o`'s HEAD/TAIL words (*ctl) and its first record (*recs) */
+static int box_ring(Box *b, PyObject *o, char **ctl, char **recs) {
     if (b->m.start == NULL) {
         PyErr_SetString(PyExc_ValueError, "minidist._core.Box: released");
         return -1;
@@ -742,8 +748,28 @@ static int box_ring(Box *b, PyObject *o, char **ring) {
         PyErr_SetString(PyExc_ValueError, "minidist._core.Box: ring out of range");
         return -1;
     }
-    *ring = b->m.start + b->header + (Py_ssize_t)v * b->ring_bytes;
+    *ctl = b->m.start + b->header + (Py_ssize_t)v * b->ctrl;
+    if (recs)
+        *recs = b->m.start + b->data + (Py_ssize_t)v * b->slots * b->record;
     return 0;
+}
+
+/* room(nbytes): a put may write the first `nbytes` bytes of a record (header included),
+ * the pages its sender reserved; a longer record is answered 3, unwritten. */
+static PyObject *Box_room(Box *b, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "room(nbytes)");
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(args[0]);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < b->header || n > b->record) {
+        PyErr_SetString(PyExc_ValueError, "minidist._core.Box: room out of range");
+        return NULL;
+    }
+    b->room = n;
+    Py_RETURN_NONE;
 }
 
 static int box_header(Box *b, PyObject *o, const char **out) {
@@ -756,16 +782,16 @@ static int box_header(Box *b, PyObject *o, const char **out) {
 }
 
 /* put(ring, header, payload) -> 0 (not written: closed or full), 1 (written), 2 (written,
- * but the inbox closed meanwhile): minidist.inbox.Outbox.put. payload: a C-contiguous
- * buffer or None. */
+ * but the inbox closed meanwhile), 3 (not written: longer than the room, see room()):
+ * minidist.inbox.Outbox.put. payload: a C-contiguous buffer or None. */
 static PyObject *Box_put(Box *b, PyObject *const *args, Py_ssize_t nargs) {
-    char *ring;
+    char *ring, *recs;
     const char *header;
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "put(ring, header, payload)");
         return NULL;
     }
-    if (box_ring(b, args[0], &ring) < 0 || box_header(b, args[1], &header) < 0)
+    if (box_ring(b, args[0], &ring, &recs) < 0 || box_header(b, args[1], &header) < 0)
         return NULL;
     Py_buffer pay;
     int has = args[2] != Py_None;
@@ -783,10 +809,12 @@ static PyObject *Box_put(Box *b, PyObject *const *args, Py_ssize_t nargs) {
     int32_t *tailp = (int32_t *)(ring + b->tail_at);
     int32_t *headp = (int32_t *)(ring + b->head_at);
     long result = 0;
-    if (load32(open)) {
+    if (b->header + (has ? pay.len : 0) > b->room)
+        result = 3;
+    else if (load32(open)) {
         int32_t tail = load32(tailp);
         if (((uint32_t)(tail - load32(headp)) & WRAP) < (uint32_t)b->slots) {
-            char *at = ring + 64 + (Py_ssize_t)(tail % b->slots) * b->record;
+            char *at = recs + (Py_ssize_t)(tail % b->slots) * b->record;
             memcpy(at, header, b->header);
             if (has && pay.len)
                 memcpy(at + b->header, pay.buf, pay.len);
@@ -811,13 +839,13 @@ static PyObject *Box_put(Box *b, PyObject *const *args, Py_ssize_t nargs) {
  * `header`, copied into `into` (a writable C-contiguous buffer of the payload's size)
  * and removed: minidist.inbox.Inbox.take_if. */
 static PyObject *Box_take_if(Box *b, PyObject *const *args, Py_ssize_t nargs) {
-    char *ring;
+    char *ring, *recs;
     const char *header;
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "take_if(ring, header, into)");
         return NULL;
     }
-    if (box_ring(b, args[0], &ring) < 0 || box_header(b, args[1], &header) < 0)
+    if (box_ring(b, args[0], &ring, &recs) < 0 || box_header(b, args[1], &header) < 0)
         return NULL;
     Py_buffer into;
     if (PyObject_GetBuffer(args[2], &into, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
@@ -831,7 +859,7 @@ static PyObject *Box_take_if(Box *b, PyObject *const *args, Py_ssize_t nargs) {
     int32_t head = load32(headp);
     int took = 0;
     if (load32(ring + b->tail_at) != head) {
-        char *at = ring + 64 + (Py_ssize_t)(head % b->slots) * b->record;
+        char *at = recs + (Py_ssize_t)(head % b->slots) * b->record;
         if (memcmp(at, header, b->header) == 0) {
             memcpy(into.buf, at + b->header, into.len);
             store32(headp, (head + 1) & WRAP); /* after the copy */
@@ -863,7 +891,7 @@ static PyObject *Box_wait(Box *b, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "wait(ring, seen, nap)");
         return NULL;
     }
-    if (box_ring(b, args[0], &ring) < 0 || as_i32(args[1], &seen) < 0)
+    if (box_ring(b, args[0], &ring, NULL) < 0 || as_i32(args[1], &seen) < 0)
         return NULL;
     double nap = PyFloat_AsDouble(args[2]);
     if (nap == -1.0 && PyErr_Occurred())
@@ -889,6 +917,7 @@ static PyMethodDef Box_methods[] = {
     {"put", (PyCFunction)(void (*)(void))Box_put, METH_FASTCALL, NULL},
     {"take_if", (PyCFunction)(void (*)(void))Box_take_if, METH_FASTCALL, NULL},
     {"wait", (PyCFunction)(void (*)(void))Box_wait, METH_FASTCALL, NULL},
+    {"room", (PyCFunction)(void (*)(void))Box_room, METH_FASTCALL, NULL},
     MAPPED_METHODS,
 };
 

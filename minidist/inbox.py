@@ -9,9 +9,15 @@ then its payload of at most :data:`MESSAGE_BYTES`.
 Layout::
 
     inbox header (64 bytes): OPEN, BELL, SLEEPING (int32 each), MAGIC (int64), rings
-    per ring: HEAD (int32, the reader's count of records taken) at 0,
-              TAIL (int32, the writer's count of records written) at 32,
-              then RING_SLOTS records of RECORD bytes, record k in slot k % RING_SLOTS
+    per ring, CTRL (64) bytes: HEAD (int32, the reader's count of records taken) at 0,
+              TAIL (int32, the writer's count of records written) at 32
+    from data_at(rings) (a page boundary), per ring: RING_SLOTS records of RECORD
+              bytes, record k in slot k % RING_SLOTS
+
+The pages of /dev/shm an inbox uses grow with what is sent, not with the node: its
+reader reserves the header and the rings' HEAD/TAIL words (64 bytes a ring), and a
+sender reserves only its own ring's records, and of those only the pages its messages
+reach (:meth:`Outbox.put`).
 
 *OPEN* says whether the receiver reads its rings: a sender writes into a ring only
 while it is 1 (and the ring has room); otherwise it uses the socket. *BELL* is the futex
@@ -64,7 +70,9 @@ MESSAGE_BYTES = 64 << 10  # the largest payload a message through an inbox carri
 RING_SLOTS = 4
 HEADER = 64
 RECORD = HEADER + MESSAGE_BYTES
-RING = 64 + RING_SLOTS * RECORD
+CTRL = 64  # a ring's HEAD and TAIL
+RING = RING_SLOTS * RECORD  # a ring's records
+PAGE = mmap.PAGESIZE
 INBOX_KEY = 0x1B0C << 48  # the "group" part of an inbox's segment name, | the rank
 MAGIC = 0x78_6F_62_6E_69_64_6D_31  # "1mdinbox"
 BLOCK = 64  # a stash block's header (its DONE word) and alignment
@@ -83,12 +91,22 @@ def _box(seg: mmap.mmap, rings: int):
     core runs it); the layout it follows is this module's."""
     if core.compiled is None:
         return None
-    return core.compiled.Box(seg, rings, HEADER, RING, RECORD, RING_SLOTS, _OPEN, _BELL,
-                             _SLEEPING, _HEAD, _TAIL)
+    return core.compiled.Box(seg, rings, HEADER, CTRL, data_at(rings), RECORD, RING_SLOTS,
+                             _OPEN, _BELL, _SLEEPING, _HEAD, _TAIL)
+
+
+def data_at(rings: int) -> int:
+    """Where the records of an inbox of ``rings`` rings begin (a page boundary)."""
+    return -(-(HEADER + rings * CTRL) // PAGE) * PAGE
+
+
+def ring_records(rings: int, ring: int) -> int:
+    """Where ring ``ring``'s first record begins."""
+    return data_at(rings) + ring * RING
 
 
 def inbox_bytes(rings: int) -> int:
-    return HEADER + rings * RING
+    return data_at(rings) + rings * RING
 
 
 def inbox_name(job: str, rank: int, pid: int) -> str:
@@ -128,11 +146,9 @@ def _made(job: str, name: str, size: int, reserved: int,
         raise
 
 
-def _map_own(path: str, size: int | None,
-             reserve: tuple[int, int] | None = None) -> mmap.mmap | None:
+def _map_own(path: str, size: int | None) -> mmap.mmap | None:
     """Map ``path`` if it is a regular file of this user alone (of ``size`` bytes, if
-    given), with the pages of ``reserve`` (offset, length) reserved first
-    (:func:`segments.reserve`; NoRoom if they cannot be); None otherwise."""
+    given); None otherwise."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
     except OSError:
@@ -143,11 +159,7 @@ def _map_own(path: str, size: int | None,
                 st.st_mode & 0o077 or (size is not None and st.st_size != size) or \
                 st.st_size < HEADER:
             return None
-        if reserve is not None:
-            segments.reserve(fd, *reserve, "an inbox's ring")
         return mmap.mmap(fd, st.st_size)
-    except segments.NoRoom:
-        raise
     except OSError:
         return None
     finally:
@@ -174,25 +186,16 @@ class Inbox:
         self.senders = list(range(rings)) if senders is None else senders
         self._stashes: dict[tuple[int, int], np.ndarray] = {}  # (ring, pid) -> mapping
         _sweep(job, rank, inbox_name)
-        # this rank touches the header and each ring's first words (HEAD, TAIL); a ring's
-        # records are reserved by its sender before it writes one (Outbox.attach)
-        self.seg, fd = _made(job, self.name, inbox_bytes(rings), HEADER,
+        # this rank reserves the header and the rings' HEAD and TAIL words; a ring's
+        # records are reserved by its sender as its messages reach them (Outbox.put)
+        self.seg, fd = _made(job, self.name, inbox_bytes(rings), HEADER + rings * CTRL,
                              f"the inbox of a rank with {rings} local peers")
-        try:
-            for ring in range(rings):
-                segments.reserve(fd, HEADER + ring * RING, 64, "an inbox")
-        except segments.NoRoom as e:
-            self.seg.close()
-            segments.unlink(self.name)
-            segments.warn_no_room(job, e, f"the inbox of a rank with {rings} local peers")
-            raise
-        finally:
-            os.close(fd)
+        os.close(fd)
         self.mem = np.frombuffer(self.seg, np.uint8)
         self.words = self.mem.view(np.int32)
         self.base = self.mem.ctypes.data
         struct.pack_into("<qq", self.mem, _MAGIC, MAGIC, rings)
-        at = np.arange(rings) * RING + HEADER
+        at = np.arange(rings) * CTRL + HEADER
         self._heads = (at + _HEAD) // 4
         self._tails = (at + _TAIL) // 4
         self._head_at, self._tail_at = self._heads.tolist(), self._tails.tolist()
@@ -281,7 +284,7 @@ class Inbox:
         head = ints[self._head_at[ring]]
         if ints[self._tail_at[ring]] == head:
             return None
-        return HEADER + ring * RING + 64 + (head % RING_SLOTS) * RECORD
+        return ring_records(self.rings, ring) + (head % RING_SLOTS) * RECORD
 
     def peek(self, ring: int) -> bytes | None:
         """The header bytes of the oldest record of ring ``ring``; None if it is empty."""
@@ -338,21 +341,28 @@ class Inbox:
 
 
 class Outbox:
-    """Another rank's inbox, mapped by a sender (the writing side of one ring)."""
+    """Another rank's inbox of ``rings`` rings, mapped by a sender (the writing side of
+    ring ``ring``). ``path``:
+    the inbox's file, through which :meth:`put` reserves the ring's pages as its records
+    reach them (None: a mapping whose pages need no reservation, the whole ring usable)."""
 
-    def __init__(self, seg: mmap.mmap, ring: int) -> None:
+    def __init__(self, seg: mmap.mmap, rings: int, ring: int, path: str | None = None) -> None:
         self.seg = seg
         self.mem = np.frombuffer(seg, np.uint8)
         self.words = self.mem.view(np.int32)
         self.mv = memoryview(self.mem)  # bytes and int32 words as plain ints (see Inbox)
         self.ints = self.mv.cast("i")
         self.base = self.mem.ctypes.data
-        at = HEADER + ring * RING
+        at = HEADER + ring * CTRL
         self.ring = ring
-        self.core = _box(seg, (len(seg) - HEADER) // RING)
-        self._at = at + 64
+        self.path = path
+        self.core = _box(seg, rings)
+        self._at = ring_records(rings, ring)
         self._head = (at + _HEAD) // 4
         self._tail = (at + _TAIL) // 4
+        self.room = RECORD if path is None else 0  # bytes of each record reserved
+        if self.core is not None:
+            self.core.room(max(self.room, HEADER))
 
     @classmethod
     def attach(cls, job: str, rank: int, rings: int, ring: int) -> Outbox | None:
@@ -362,18 +372,50 @@ class Outbox:
         for path, pid in _named(job, rank):
             if not segments.alive(pid):  # a killed process's inbox: nobody reads it
                 continue
-            try:  # this sender's ring, reserved before it writes a record there
-                seg = _map_own(path, size, (HEADER + ring * RING, RING))
-            except segments.NoRoom as e:
-                segments.warn_no_room(job, e, "a message through a rank's inbox")
-                return None
+            seg = _map_own(path, size)
             if seg is None:
                 continue
             magic, count = struct.unpack_from("<qq", seg, _MAGIC)
             if magic == MAGIC and count == rings:
-                return cls(seg, ring)
+                out = cls(seg, rings, ring, path)
+                try:  # the ring's first page of each record, before it writes one
+                    if out.reserve(HEADER):
+                        return out
+                except segments.NoRoom as e:
+                    segments.warn_no_room(job, e, "a message through a rank's inbox")
+                out.close()
+                return None
             seg.close()
         return None
+
+    def reserve(self, nbytes: int) -> bool:
+        """Reserve the first ``nbytes`` (rounded up to pages, at least double the room
+        so far) of each of the ring's records; False if the inbox is gone. NoRoom if
+        /dev/shm has no room."""
+        want = min(RECORD, max(-(-nbytes // PAGE) * PAGE, 2 * self.room))
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            if st.st_size != len(self.seg) or st.st_uid != os.geteuid():
+                return False
+            for slot in range(RING_SLOTS):
+                segments.reserve(fd, self._at + slot * RECORD, want, "an inbox's ring")
+        finally:
+            os.close(fd)
+        self.room = want
+        if self.core is not None:
+            self.core.room(want)
+        return True
+
+    def _grow(self, nbytes: int) -> bool:
+        """More room for a record of ``nbytes`` bytes; False if there is none."""
+        try:
+            return self.reserve(nbytes)
+        except segments.NoRoom:
+            return False
 
     def close(self) -> None:
         if self.core is not None:
@@ -394,10 +436,18 @@ class Outbox:
 
     def put(self, header: bytes, payload: memoryview | None) -> int:
         """Write one record: 0 if it was not written (the inbox is closed or the ring
-        full), 1 if written, 2 if written but the inbox closed meanwhile (the reader may
-        not look again: ring its doorbell)."""
+        full, or /dev/shm has no room for it), 1 if written, 2 if written but the inbox
+        closed meanwhile (the reader may not look again: ring its doorbell)."""
         if self.core is not None:
-            return self.core.put(self.ring, header, payload)
+            done = self.core.put(self.ring, header, payload)
+            if done != 3:
+                return done
+            nbytes = HEADER + memoryview(payload).nbytes
+            return self.core.put(self.ring, header, payload) if self._grow(nbytes) else 0
+        data = None if payload is None else memoryview(payload).cast("B")
+        if data is not None and HEADER + data.nbytes > self.room and \
+                not self._grow(HEADER + data.nbytes):
+            return 0
         w = self.ints
         if not w[_OPEN // 4]:
             return 0
@@ -407,10 +457,8 @@ class Outbox:
         at = self._at + (tail % RING_SLOTS) * RECORD
         mv = self.mv
         mv[at:at + HEADER] = header
-        if payload is not None:
-            data = memoryview(payload).cast("B")  # (a C-contiguous array or bytes)
-            if data.nbytes:
-                mv[at + HEADER:at + HEADER + data.nbytes] = data
+        if data is not None and data.nbytes:  # (a C-contiguous array or bytes)
+            mv[at + HEADER:at + HEADER + data.nbytes] = data
         w[self._tail] = (tail + 1) & _WRAP  # after the record: a reader sees both
         fence()
         if w[_SLEEPING // 4]:

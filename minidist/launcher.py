@@ -97,8 +97,10 @@ class Launcher:
         # names left by jobs whose every process was killed (not a running job's stash
         # of a sender killed just now, which its receivers may still read)
         segments.sweep_orphans(older_than=ORPHAN_AGE)
+        code = None
         if o.start_method == "fork":
             ranks.preload()
+            code = ranks.script_code(o)
             gc.freeze()  # the children's collections leave the shared pages alone
         sys.stdout.flush()
         sys.stderr.flush()
@@ -107,7 +109,8 @@ class Launcher:
             env = self._rank_env(local)
             try:
                 if o.start_method == "fork":
-                    child = ranks.fork_child(o, rank, env, self.children, self._listeners)
+                    child = ranks.fork_child(o, rank, env, self.children, self._listeners,
+                                             code)
                 else:
                     child = ranks.spawn_child(o, rank, env)
             except OSError as e:  # the ranks already started die with this process

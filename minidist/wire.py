@@ -244,6 +244,9 @@ class FrameEnd(NamedTuple):
 NEED_DATA = "need data"  # :meth:`FrameDecoder.next_event`: feed :meth:`~FrameDecoder.buffer`
 
 
+FIRST_STAGE = 4096  # a new connection's staging buffer (bytes)
+
+
 class FrameDecoder:
     """The data frames of one stream from rank ``peer``, decoded without I/O (h11's
     style): the caller reads bytes into :meth:`buffer`, says how many with
@@ -254,7 +257,9 @@ class FrameDecoder:
       where its payload goes (a writable view of exactly ``nbytes``), or None to drop it;
     * a :class:`FrameEnd`: that payload is complete.
 
-    Small frames are read many at a time into a staging buffer of ``stage`` bytes and
+    Small frames are read many at a time into a staging buffer of at most ``stage``
+    bytes (it starts at :data:`FIRST_STAGE` and doubles while reads fill it, so that a
+    connection that carries little holds little) and
     copied out; the rest of a larger payload is read straight into its destination, and
     a dropped one through a slice of the staging buffer, so no payload byte is copied
     more than once. ProtocolError for bytes that are not a frame, or a frame that
@@ -264,7 +269,8 @@ class FrameDecoder:
         if stage < HEADER_SIZE:
             raise ValueError(f"the staging buffer must hold a header ({HEADER_SIZE} bytes)")
         self.peer = peer
-        self._stage = bytearray(stage)
+        self._most = stage
+        self._stage = bytearray(min(stage, FIRST_STAGE))
         self._view = memoryview(self._stage)
         self._start = self._end = 0  # the staged bytes not yet taken
         self._dest: memoryview | None = None  # a payload read straight into its place
@@ -280,11 +286,16 @@ class FrameDecoder:
             return self._view[:min(self._discard, len(self._stage))]
         if self._dest is not None:
             return self._dest[self._done:]
-        if self._end == len(self._stage):  # compact: the staged rest to the front
-            if not self._start:
-                raise RuntimeError("FrameDecoder: next_event() must take the staged frames")
+        if self._end == len(self._stage):  # full: grow, or the staged rest to the front
             left = self._end - self._start
-            self._stage[:left] = self._stage[self._start:self._end]
+            if len(self._stage) < self._most:
+                grown = bytearray(min(2 * len(self._stage), self._most))
+                grown[:left] = self._view[self._start:self._end]
+                self._stage, self._view = grown, memoryview(grown)
+            elif not self._start:
+                raise RuntimeError("FrameDecoder: next_event() must take the staged frames")
+            else:
+                self._stage[:left] = self._stage[self._start:self._end]
             self._start, self._end = 0, left
         return self._view[self._end:]
 

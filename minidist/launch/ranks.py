@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import io
 import os
 import signal
 import socket
 import subprocess
 import sys
+import types
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -78,10 +80,12 @@ def spawn_child(opts: RunOptions, rank: int, env: dict[str, str]) -> Child:
 
 
 def fork_child(opts: RunOptions, rank: int, env: dict[str, str],
-               started: Iterable[Child], listeners: Iterable[socket.socket]) -> Child:
+               started: Iterable[Child], listeners: Iterable[socket.socket],
+               code: types.CodeType | None = None) -> Child:
     """Fork rank ``rank`` from the launcher before it runs an event loop or a thread;
     the child closes the pipes of the ranks ``started`` before it and the node's
-    ``listeners``, runs the target (:func:`run_target`) and exits with its code."""
+    ``listeners``, runs the target (:func:`run_target`; ``code``: the script, compiled
+    by :func:`script_code`) and exits with its code."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     launcher = os.getpid()
@@ -91,7 +95,7 @@ def fork_child(opts: RunOptions, rank: int, env: dict[str, str],
         os.close(err_w)
         return Child(rank, pid, out_r, err_r)
     # the child: never returns
-    code = 1
+    status = 1
     try:
         os.setsid()
         die_with(launcher)
@@ -108,9 +112,9 @@ def fork_child(opts: RunOptions, rank: int, env: dict[str, str],
         os.dup2(err_w, 2)
         for fd in (devnull, out_w, err_w):
             os.close(fd)
-        code = run_target(opts, env)
+        status = run_target(opts, env, code)
     finally:
-        os._exit(code)
+        os._exit(status)
 
 
 def die_with(parent: int) -> None:
@@ -140,8 +144,38 @@ def preload() -> None:
         import uvloop  # noqa: F401
 
 
-def run_target(opts: RunOptions, env: dict[str, str]) -> int:
-    """In a forked rank: run the script or module as ``__main__``; return its exit code."""
+def script_code(opts: RunOptions) -> types.CodeType | None:
+    """The target script compiled once, in the launcher before it forks, so that its
+    ranks share the compiled code's pages instead of each compiling its own; None for a
+    module, a command, or a script that cannot be read or compiled (each rank then
+    meets the error as ``python script.py`` would)."""
+    if opts.module or opts.command:
+        return None
+    try:
+        with io.open_code(opts.target) as f:
+            return compile(f.read(), opts.target, "exec")
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def run_script(opts: RunOptions, code: types.CodeType) -> None:
+    """Run ``code`` (the script ``opts.target``) as ``python script.py`` would: in a new
+    ``__main__`` module, the script's folder first on ``sys.path``."""
+    import builtins
+
+    sys.argv = [opts.target, *opts.args]
+    sys.path[0] = os.path.dirname(os.path.abspath(opts.target))
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=opts.target, __cached__=None, __loader__=None,
+                         __package__=None, __spec__=None, __builtins__=builtins)
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
+
+
+def run_target(opts: RunOptions, env: dict[str, str],
+               code: types.CodeType | None = None) -> int:
+    """In a forked rank: run the script (``code``, if the launcher compiled it) or
+    module as ``__main__``; return its exit code."""
     import atexit
     import runpy
     import traceback
@@ -155,25 +189,27 @@ def run_target(opts: RunOptions, env: dict[str, str]) -> int:
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stdin = open(0, closefd=False)  # noqa: SIM115
-    code = 0
+    status = 0
     try:
         if opts.module:
             sys.argv = [opts.target, *opts.args]
             runpy.run_module(opts.target, run_name="__main__", alter_sys=True)
+        elif code is not None:
+            run_script(opts, code)
         else:
             sys.argv = [opts.target, *opts.args]
             sys.path[0] = os.path.dirname(os.path.abspath(opts.target))
             runpy.run_path(opts.target, run_name="__main__")
     except SystemExit as e:
         if e.code is None:
-            code = 0
+            status = 0
         elif isinstance(e.code, int):
-            code = e.code
+            status = e.code
         else:
             print(e.code, file=sys.stderr)
-            code = 1
+            status = 1
     except BaseException:
-        code = 1
+        status = 1
         try:
             sys.excepthook(*sys.exc_info())
         except Exception:
@@ -185,4 +221,4 @@ def run_target(opts: RunOptions, env: dict[str, str]) -> int:
     for f in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             f.flush()
-    return code
+    return status

@@ -171,14 +171,15 @@ def test_inbox_records_are_the_same_bytes_on_either_core(rings, steps):
     def play(compiled_put: bool, compiled_take: bool):
         seg = mmap.mmap(-1, inbox.inbox_bytes(rings))
         np.frombuffer(seg, np.int32)[0] = 1  # OPEN
-        box = core.compiled.Box(seg, rings, inbox.HEADER, inbox.RING, inbox.RECORD,
-                                inbox.RING_SLOTS, 0, 4, 8, 0, 32)
-        outs = [inbox.Outbox(seg, r) for r in range(rings)]
+        box = core.compiled.Box(seg, rings, inbox.HEADER, inbox.CTRL, inbox.data_at(rings),
+                                inbox.RECORD, inbox.RING_SLOTS, 0, 4, 8, 0, 32)
+        outs = [inbox.Outbox(seg, rings, r) for r in range(rings)]
         reader = object.__new__(inbox.Inbox)  # the reading side, without making a segment
         reader.mv = memoryview(np.frombuffer(seg, np.uint8))
         reader.core = box if compiled_take else None
+        reader.rings = rings
         reader.ints = reader.mv.cast("i")
-        at = np.arange(rings) * inbox.RING + inbox.HEADER
+        at = np.arange(rings) * inbox.CTRL + inbox.HEADER
         reader._head_at, reader._tail_at = (at // 4).tolist(), ((at + 32) // 4).tolist()
         answers = []
         for i, (ring, size, take, right) in enumerate(steps):
@@ -219,7 +220,7 @@ def test_layouts_and_arrays_that_do_not_fit_are_refused_and_change_nothing():
     with pytest.raises(ValueError, match="does not fit"):
         core.compiled.Area(seg, 0, len(seg), n, n, 64, 2 * n * 64, 4096, 64)
     with pytest.raises(ValueError, match="does not fit"):
-        core.compiled.Box(seg, 1 << 20, 64, inbox.RING, inbox.RECORD, inbox.RING_SLOTS,
+        core.compiled.Box(seg, 1 << 20, 64, 64, 64 << 20, inbox.RECORD, inbox.RING_SLOTS,
                           0, 4, 8, 0, 32)
     before = bytes(seg)
     key = b"k" * 28

@@ -136,3 +136,19 @@ def test_fuzz_random_bytes_never_crash_otherwise(junk, pieces):
         run(junk, pieces, set())
     except ProtocolError:
         pass
+
+
+@pytest.mark.parametrize("piece", [100, 5000, 1 << 20])
+def test_the_staging_buffer_starts_small_and_grows_only_while_reads_fill_it(piece):
+    rng = random.Random(piece)
+    quiet = frame(0, b"x" * 100)
+    out, _, dec = run(quiet, [1 << 20], drop=set(), stage=1 << 16)
+    assert out == [(0, b"x" * 100)] and len(dec._stage) == wire.FIRST_STAGE
+    ps = [bytes(rng.getrandbits(8) for _ in range(rng.choice([0, 10, 200, 1000])))
+          for _ in range(400)]
+    stream = b"".join(frame(i, p) for i, p in enumerate(ps))
+    out, biggest, dec = run(stream, [piece], drop=set(), stage=1 << 16)
+    assert out == list(enumerate(ps))
+    assert len(dec._stage) <= 1 << 16
+    if piece > wire.FIRST_STAGE:  # reads that filled the buffer made it grow
+        assert len(dec._stage) > wire.FIRST_STAGE and biggest > wire.FIRST_STAGE

@@ -304,3 +304,47 @@ def test_a_stash_takes_no_block_that_dev_shm_has_no_room_for(monkeypatch, capsys
         segments.unlink(f"minidist-{job}{segments.WARNED}")
     assert not os.path.exists(os.path.join(segments.SHM_DIR, inbox.stash_name(job, 1,
                                                                                os.getpid())))
+
+
+def _blocks(path: str) -> int:
+    """Bytes of /dev/shm the file holds (its reserved pages)."""
+    return os.stat(path).st_blocks * 512
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_an_inbox_holds_pages_for_what_is_sent_not_for_the_node(compiled):
+    """A reader of 1024 rings reserves its header and 64 bytes a ring; a sender reserves
+    its ring's records only as far as its messages reach, and a longer message grows
+    them (on either core), arriving whole."""
+    if compiled and inbox.core.compiled is None:
+        pytest.skip("the compiled core is not built")
+    job, rings = secrets.token_hex(10), 1024
+    b = Inbox(job, 1, rings)
+    path = os.path.join(segments.SHM_DIR, b.name)
+    try:
+        page = inbox.PAGE
+        base = _blocks(path)
+        assert base <= -(-(inbox.HEADER + rings * inbox.CTRL) // page) * page
+        assert os.stat(path).st_size == inbox.inbox_bytes(rings)  # the rest is a hole
+        out = Outbox.attach(job, 1, rings, 700)
+        assert out is not None
+        if not compiled:
+            out.core = None
+        attached = _blocks(path)
+        assert attached - base <= RING_SLOTS * 2 * page  # a page of each record, at most
+        b.set_open(True)
+        small = np.arange(10, dtype=np.int32)
+        assert out.put(_header(5, 0, small.nbytes), memoryview(small)) == 1
+        assert _blocks(path) == attached
+        assert b.take(700)[1].tobytes() == small.tobytes()
+        large = np.arange(30_000 // 4, dtype=np.int32)  # 30 kB: more than a page
+        for seq in range(1, 1 + RING_SLOTS):
+            assert out.put(_header(5, seq, large.nbytes), memoryview(large)) == 1
+            raw, got = b.take(700)
+            assert wire.decode_header(raw).seq == seq and got.tobytes() == large.tobytes()
+        grown = _blocks(path) - base
+        assert RING_SLOTS * (inbox.HEADER + large.nbytes) <= grown <= RING_SLOTS * (
+            inbox.HEADER + large.nbytes + 3 * page) * 2
+        out.close()
+    finally:
+        b.close()
