@@ -20,7 +20,8 @@ from . import fast_rooted, fastpath, segments, shm_setup
 from .errors import DistError, DistTimeoutError
 from .prepared import FAST_TAG, Prepared
 
-REFUSAL_CHECK = 0.02  # seconds between a set-up's looks at lost ranks and aborts
+REFUSAL_CHECK = 0.02  # seconds before a set-up's first look at lost ranks and aborts
+REFUSAL_EVERY = 0.1  # the longest between its later looks, for 64 ranks; more for more
 
 
 class FastSegments:
@@ -92,13 +93,18 @@ class FastSegments:
         """Await ``work`` (a set-up's exchange with some members), but raise at once what
         ends ``p`` for any member (a rank of its group lost or gone, an abort): a member
         that waits for the first rank's word must not wait out the timeout for a rank
-        that died without ever coming."""
+        that died without ever coming. The looks grow sparser (up to 0.1 s at 64 ranks,
+        1 s at 640 and more), so that a large group's waiting members leave the first
+        rank the machine's time."""
         task = asyncio.ensure_future(work)
+        most = min(1.0, REFUSAL_EVERY * max(1.0, p.call.group.size / 64))
+        wait = REFUSAL_CHECK
         try:
             while True:
-                done, _ = await asyncio.wait({task}, timeout=REFUSAL_CHECK)
+                done, _ = await asyncio.wait({task}, timeout=wait)
                 if done:
                     return task.result()
+                wait = min(most, 2 * wait)
                 refused = self.engine.refusal(p.call, consume=False)
                 if refused is not None:
                     raise refused

@@ -27,15 +27,18 @@ taken to be allowed alike (the same user, namespace and ptrace rules for all).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import mmap
 import os
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from . import fastpath, peer_memory, segments
 from .algorithms import shm as shm_algorithm
 from .group import Group
 
+FAN_OUT = 32  # a set-up's messages in flight at once (a connection each, at first)
 NO_SEGMENT = b"-"  # a group's first rank had no room for a segment: no name follows
 Send = Callable[[bytes, int], Awaitable[None]]
 Recv = Callable[[int], Awaitable[bytes]]
@@ -64,6 +67,24 @@ def make_fast(job: str, name: str, size: int) -> tuple[mmap.mmap | None, bool]:
     return None, False
 
 
+async def _each(ranks: list[int], work: Callable[[int], Awaitable[Any]]) -> list[Any]:
+    """``work(r)`` for every rank of ``ranks``, :data:`FAN_OUT` at a time; their answers,
+    in that order. The first failure is raised as itself (the others' work is
+    cancelled)."""
+    turns = asyncio.Semaphore(FAN_OUT)
+
+    async def one(r: int) -> Any:
+        async with turns:
+            return await work(r)
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(one(r)) for r in ranks]
+    except BaseExceptionGroup as eg:
+        raise eg.exceptions[0] from None
+    return [t.result() for t in tasks]
+
+
 async def lead_fast(job: str, name: str, g: Group, may_read: bool, send: Send, recv: Recv,
                     waiting: list[int]) -> tuple[mmap.mmap | None, bool, bool]:
     """The first rank's part of a fast set-up: (segment, mid area, reads). ``waiting``
@@ -72,20 +93,20 @@ async def lead_fast(job: str, name: str, g: Group, may_read: bool, send: Send, r
     reads = seg is not None and may_read
     offer = NO_SEGMENT if seg is None else "|".join(
         [name, str(int(mid)), peer_memory.spot() if reads else ""]).encode()
-    try:
-        for r in g.ranks[1:]:
-            await send(offer, r)
+    async def answer(r: int) -> bool:  # whether member r reads this rank, and it r
+        got = (await recv(r)).decode().split("|")
+        waiting.remove(r)
+        return got[1:2] == ["1"] and peer_memory.readable(got[2])
+
+    try:  # every member at once: a large group's set-up waits for no member in turn
+        await _each(g.ranks[1:], lambda r: send(offer, r))
         if seg is None:
             return None, False, False
         waiting[:] = g.ranks[1:]
-        for r in g.ranks[1:]:
-            got = (await recv(r)).decode().split("|")
-            waiting.remove(r)
-            # the member read this rank, and this rank reads the member
-            reads = reads and got[1:2] == ["1"] and peer_memory.readable(got[2])
-        if seg is not None and may_read:
-            for r in g.ranks[1:]:
-                await send(b"r1" if reads else b"r0", r)
+        answers = await _each(g.ranks[1:], answer)
+        reads = reads and all(answers)
+        if may_read:
+            await _each(g.ranks[1:], lambda r: send(b"r1" if reads else b"r0", r))
     except BaseException:
         with contextlib.suppress(BufferError):
             seg.close()
@@ -137,8 +158,7 @@ class AlgorithmSegment:
         if me == leader:
             if self.fd >= 0:
                 have = _reserve(job, self.fd, half, have, need, g.size)
-            for r in g.ranks[1:]:
-                await send(str(have).encode(), r)
+            await _each(g.ranks[1:], lambda r: send(str(have).encode(), r))
         else:
             have = int(await recv(leader))
         self.reserved[half] = have
@@ -181,10 +201,8 @@ async def algorithm_segment(job: str, me: int, g: Group, name: str, send: Send,
         return AlgorithmSegment(seg)
     seg, fd = segments.create_open(name, size, reserved=0)
     try:
-        for r in g.ranks[1:]:
-            await send(name.encode(), r)
-        for r in g.ranks[1:]:
-            await recv(r)
+        await _each(g.ranks[1:], lambda r: send(name.encode(), r))
+        await _each(g.ranks[1:], recv)
     except BaseException:
         os.close(fd)
         raise
