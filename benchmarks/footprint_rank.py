@@ -27,6 +27,9 @@ import time
 
 import numpy as np
 
+if "--torch" in sys.argv[2:]:  # at the top, as a torch script imports it (minidist run
+    import torch  # noqa: F401  # then imports it once, before forking the ranks)
+
 STEPS = 20  # RL steps: enough to reach the steady state of every path the loop uses
 
 

@@ -99,8 +99,8 @@ class Launcher:
         segments.sweep_orphans(older_than=ORPHAN_AGE)
         code = None
         if o.start_method == "fork":
-            ranks.preload()
             code = ranks.script_code(o)
+            ranks.preload(ranks.heavy_imports(code), self._rank_env(0)["OMP_NUM_THREADS"])
             gc.freeze()  # the children's collections leave the shared pages alone
         sys.stdout.flush()
         sys.stderr.flush()

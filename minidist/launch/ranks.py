@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dis
+import importlib
 import io
 import os
 import signal
@@ -129,8 +131,11 @@ def die_with(parent: int) -> None:
         os._exit(1)
 
 
-def preload() -> None:
-    """Import, once and before forking, what every rank would otherwise import itself."""
+def preload(heavy: Iterable[str] = (), threads: str | None = None) -> None:
+    """Import, once and before forking, what every rank would otherwise import itself:
+    numpy and minidist, and the ``heavy`` libraries the script imports at its top level
+    (:func:`heavy_imports`), with ``OMP_NUM_THREADS`` set to ``threads`` (a rank's)
+    while they load, as each rank would have it."""
     import runpy  # noqa: F401
     import traceback  # noqa: F401
 
@@ -142,6 +147,42 @@ def preload() -> None:
 
     with contextlib.suppress(ImportError):
         import uvloop  # noqa: F401
+    before = os.environ.get("OMP_NUM_THREADS")
+    if threads is not None:
+        os.environ["OMP_NUM_THREADS"] = threads
+    try:
+        for name in heavy:
+            with contextlib.suppress(Exception):  # the rank meets any error itself
+                importlib.import_module(name)
+    finally:
+        if before is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = before
+
+
+HEAVY = {"torch": ("torch", "minidist.torch")}  # a script's import -> what to preload
+
+
+def heavy_imports(code: types.CodeType | None) -> list[str]:
+    """The modules to preload for a script whose module-level ``code`` imports a heavy
+    library (torch, or minidist.torch) at its top level; imports inside functions, and
+    other libraries, are left to the ranks."""
+    if code is None:
+        return []
+    found: list[str] = []
+    last = ""
+    for ins in dis.get_instructions(code):
+        name = ""
+        if ins.opname == "IMPORT_NAME":
+            name = last = str(ins.argval)
+        elif ins.opname == "IMPORT_FROM" and last == "minidist":
+            name = f"minidist.{ins.argval}"
+        for key, modules in HEAVY.items():
+            if (name.split(".")[0] == key or name.startswith(f"minidist.{key}")) and \
+                    modules[0] not in found:
+                found.extend(modules)
+    return found
 
 
 def script_code(opts: RunOptions) -> types.CodeType | None:
