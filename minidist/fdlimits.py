@@ -32,9 +32,9 @@ log = logging.getLogger("minidist.limits")
 # what the launcher holds besides its ranks' (its loop, the listening sockets, the
 # standard streams, numpy's and uvloop's own), with room to spare
 LAUNCHER_BASE = 64
-# per local rank: its stdout and stderr pipes, and its connection to the rendezvous
-# (or to this node's agent)
-LAUNCHER_PER_RANK = 3
+# per local rank: its stderr pipe and its connection to the rendezvous (or to this
+# node's agent); the ranks' stdout is one socket for all
+LAUNCHER_PER_RANK = 2
 EXHAUSTION = (errno.EMFILE, errno.ENFILE)
 
 
@@ -87,8 +87,8 @@ def _nr_open() -> int:
 
 def launcher_needs(nproc: int, log_dir: bool = False) -> int:
     """File descriptors the launcher of ``nproc`` local ranks holds at most (with
-    ``log_dir``: two log files per rank more)."""
-    return LAUNCHER_BASE + nproc * (LAUNCHER_PER_RANK + (2 if log_dir else 0))
+    ``log_dir``: a log file per rank more)."""
+    return LAUNCHER_BASE + nproc * (LAUNCHER_PER_RANK + (1 if log_dir else 0))
 
 
 def rank_needs(local_world_size: int, hosts: bool) -> int:

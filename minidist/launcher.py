@@ -104,19 +104,21 @@ class Launcher:
             gc.freeze()  # the children's collections leave the shared pages alone
         sys.stdout.flush()
         sys.stderr.flush()
+        stdout = self.output.ranks_stdout()
         for local in range(o.nproc):
             rank = o.node_rank * o.nproc + local
             env = self._rank_env(local)
             try:
                 if o.start_method == "fork":
                     child = ranks.fork_child(o, rank, env, self.children, self._listeners,
-                                             code)
+                                             stdout, self.output.private(), code)
                 else:
-                    child = ranks.spawn_child(o, rank, env)
+                    child = ranks.spawn_child(o, rank, env, stdout)
             except OSError as e:  # the ranks already started die with this process
                 raise fdlimits.exhausted(e, f"starting rank {rank} of {self.world_size} "
                                          f"(its output pipes)") or e from None
             self.children.append(child)
+            self.output.started(child)
 
     def secret_warning(self) -> str | None:
         """The warning the first node's launcher prints once when the job's secret is
@@ -147,12 +149,13 @@ class Launcher:
                 agent.on_exhausted = self._out_of_files
                 await agent.start(self._listeners, timeout=AGENT_CONNECT_TIMEOUT)
             self.processes.start_reaping(loop)
+            self.output.relay_stdout(loop)
             async with asyncio.TaskGroup() as tg:
                 for c in self.children:
-                    for pump in self.output.pumps(c):
-                        tg.create_task(pump)
+                    tg.create_task(self.output.pump_stderr(c))
                     tg.create_task(self._watch(c, server))
         finally:
+            self.output.finish_stdout()
             self.processes.stop_reaping()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
@@ -186,6 +189,7 @@ class Launcher:
 
     async def _watch(self, c: Child, server: RendezvousServer | None) -> None:
         rc = await self.processes.wait(c)
+        self.output.exited(c)
         if server is not None and not self._killing:
             server.rank_exited(c.rank, rc)
         if rc != 0 and await self._restarted(c, rc, server):
@@ -211,18 +215,19 @@ class Launcher:
                          f"({count} of {o.restart_failed})")
         local = c.rank - o.node_rank * o.nproc
         env = {**self._rank_env(local), **restarts.restart_env(count)}
+        stdout = self.output.ranks_stdout()
         if o.start_method == "fork":
-            c.pid, c.out_fd, c.err_fd = restarts.refork(
-                os.getpid(), ranks.die_with, lambda: ranks.run_target(o, env))
+            c.pid, c.err_fd = restarts.refork(
+                os.getpid(), ranks.die_with, lambda: ranks.run_target(o, env), stdout)
             c.popen = None
         else:
-            c.popen = ranks.spawn(o, env)
-            c.pid, c.out_fd, c.err_fd = c.popen.pid, c.popen.stdout.fileno(), \
-                c.popen.stderr.fileno()
+            c.popen = ranks.spawn(o, env, stdout)
+            c.pid, c.err_fd = c.popen.pid, c.popen.stderr.fileno()
         c.returncode, c.exited = None, None
-        pumps = [asyncio.ensure_future(pump) for pump in self.output.pumps(c)]
+        self.output.started(c)
+        pump = asyncio.ensure_future(self.output.pump_stderr(c))
         await self._watch(c, server)
-        await asyncio.gather(*pumps, return_exceptions=True)
+        await asyncio.gather(pump, return_exceptions=True)
         return True
 
     async def _teardown(self, grace: float) -> None:

@@ -3,8 +3,8 @@
 The first ranks are forked before the launcher starts its event loop; a rank started
 again is forked from a launcher that runs one (its rendezvous, its pipes, the other
 ranks' pipes). The new process keeps nothing of that: its only descriptors are its
-stdin (/dev/null) and its two pipes, its signals are as a fresh interpreter's, and no
-event loop is running in it.
+stdin (/dev/null), the ranks' stdout socket and its stderr pipe, its signals are as a
+fresh interpreter's, and no event loop is running in it.
 """
 
 from __future__ import annotations
@@ -21,16 +21,15 @@ RESTART_COUNT = "MINIDIST_RESTART_COUNT"
 
 
 def refork(launcher_pid: int, die_with: Callable[[int], None],
-           run: Callable[[], int]) -> tuple[int, int, int]:
-    """Fork a rank from the running launcher; (pid, its stdout's read end, its stderr's
-    read end). The child runs ``run()`` and exits with its code."""
-    out_r, out_w = os.pipe()
+           run: Callable[[], int], stdout: int) -> tuple[int, int]:
+    """Fork a rank from the running launcher; (pid, its stderr's read end). Its stdout
+    is ``stdout`` (the output relay's socket). The child runs ``run()`` and exits with
+    its code."""
     err_r, err_w = os.pipe()
     pid = os.fork()
     if pid:
-        os.close(out_w)
         os.close(err_w)
-        return pid, out_r, err_r
+        return pid, err_r
     code = 1
     try:
         os.setsid()
@@ -41,7 +40,7 @@ def refork(launcher_pid: int, die_with: Callable[[int], None],
         asyncio.events._set_running_loop(None)  # the launcher's, frozen mid-call
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
-        os.dup2(out_w, 1)
+        os.dup2(stdout, 1)
         os.dup2(err_w, 2)
         # every other descriptor is the launcher's (listeners, ranks' connections, pipes)
         limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]

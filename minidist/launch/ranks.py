@@ -28,8 +28,7 @@ class Child:
 
     rank: int
     pid: int
-    out_fd: int
-    err_fd: int
+    err_fd: int  # the read end of its stderr's pipe (its stdout: the relay's one socket)
     popen: subprocess.Popen | None = None
     returncode: int | None = None
     exited: asyncio.Future | None = None  # done with the exit code (on the launcher's loop)
@@ -62,58 +61,59 @@ def rank_env(opts: RunOptions, port: int, secret: str, local_rank: int) -> dict[
     }
 
 
-def spawn(opts: RunOptions, env: dict[str, str]) -> subprocess.Popen:
+def spawn(opts: RunOptions, env: dict[str, str], stdout: int) -> subprocess.Popen:
     """Start a rank as a fresh process (``python -u`` the script or module, or
-    ``opts.command``) in a session of its own, its output on two pipes; it dies with
-    this process."""
+    ``opts.command``) in a session of its own, its stdout on the descriptor ``stdout``
+    (the output relay's socket) and its stderr on a pipe; it dies with this process."""
     cmd = opts.command or [sys.executable, "-u", *(["-m"] if opts.module else []),
                            opts.target, *opts.args]
     launcher = os.getpid()
     return subprocess.Popen(cmd, env={**os.environ, **env},
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, stdout=stdout,
                             stderr=subprocess.PIPE, start_new_session=True,
                             preexec_fn=lambda: die_with(launcher))
 
 
-def spawn_child(opts: RunOptions, rank: int, env: dict[str, str]) -> Child:
+def spawn_child(opts: RunOptions, rank: int, env: dict[str, str], stdout: int) -> Child:
     """:func:`spawn` rank ``rank``."""
-    p = spawn(opts, env)
-    return Child(rank, p.pid, p.stdout.fileno(), p.stderr.fileno(), p)
+    p = spawn(opts, env, stdout)
+    return Child(rank, p.pid, p.stderr.fileno(), p)
 
 
 def fork_child(opts: RunOptions, rank: int, env: dict[str, str],
                started: Iterable[Child], listeners: Iterable[socket.socket],
+               stdout: int, private: Iterable[int] = (),
                code: types.CodeType | None = None) -> Child:
     """Fork rank ``rank`` from the launcher before it runs an event loop or a thread;
-    the child closes the pipes of the ranks ``started`` before it and the node's
-    ``listeners``, runs the target (:func:`run_target`; ``code``: the script, compiled
-    by :func:`script_code`) and exits with its code."""
-    out_r, out_w = os.pipe()
+    the child closes the pipes of the ranks ``started`` before it, the node's
+    ``listeners`` and the launcher's ``private`` descriptors, makes ``stdout`` (the
+    output relay's socket) its stdout, runs the target (:func:`run_target`; ``code``:
+    the script, compiled by :func:`script_code`) and exits with its code."""
     err_r, err_w = os.pipe()
     launcher = os.getpid()
     pid = os.fork()
     if pid:
-        os.close(out_w)
         os.close(err_w)
-        return Child(rank, pid, out_r, err_r)
+        return Child(rank, pid, err_r)
     # the child: never returns
     status = 1
     try:
         os.setsid()
         die_with(launcher)
         for c in started:
-            os.close(c.out_fd)
             os.close(c.err_fd)
         for s in listeners:
             s.close()
-        os.close(out_r)
+        for fd in private:
+            os.close(fd)
         os.close(err_r)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
-        os.dup2(out_w, 1)
+        os.dup2(stdout, 1)
         os.dup2(err_w, 2)
-        for fd in (devnull, out_w, err_w):
-            os.close(fd)
+        for fd in (devnull, stdout, err_w):
+            if fd > 2:
+                os.close(fd)
         status = run_target(opts, env, code)
     finally:
         os._exit(status)

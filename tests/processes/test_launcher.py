@@ -195,3 +195,71 @@ def test_calibrate_command_saves_a_calibration(tmp_path):
     assert r.returncode == 0, r.stderr
     assert where.exists() and "alpha_s" in where.read_text()
     assert "shared_memory" in r.stdout or "ring" in r.stdout
+
+
+RANK_OUTPUT = """
+import os, subprocess, sys, time
+import minidist
+minidist.init()
+r = minidist.get_rank()
+for i in range(300):  # every rank at once, in writes of many sizes
+    sys.stdout.write(f"r{r} line {i} " + "x" * (i * 37 % 5000) + "\\n")
+    if i % 50 == 0:
+        sys.stdout.flush()
+sys.stdout.flush()
+subprocess.run([sys.executable, "-c", f"import time; print('from a child of r{r}', flush=True); "
+                "time.sleep(1)"], check=True)
+print(f"r{r} err line", file=sys.stderr, flush=True)
+gate = os.environ.get("MINIDIST_TEST_GATE")
+if gate:
+    open(f"{gate}.ready{r}", "w").close()
+    while not os.path.exists(gate):
+        time.sleep(0.05)
+minidist.barrier()
+sys.stdout.write(f"r{r} last words without a newline")
+minidist.destroy()
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_each_line_of_stdout_is_its_own_ranks_and_the_launcher_holds_two_fds_a_rank(
+        tmp_path, method):
+    """The ranks' stdout shares one socket: every line keeps its rank (a child process's
+    too, while it runs, and a last line without a newline), stderr stays apart, and the
+    launcher holds two descriptors per rank."""
+    n = 12
+    script = tmp_path / "rank_output.py"
+    script.write_text(RANK_OUTPUT)
+    gate = tmp_path / "gate"
+    out_path, err_path = tmp_path / "out", tmp_path / "err"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "minidist", "run", "-n", str(n),
+                                 "--start-method", method, str(script)], stdout=out,
+                                stderr=err, env=clean_env(MINIDIST_TEST_GATE=str(gate)),
+                                start_new_session=True)
+    try:
+        end = time.monotonic() + 90
+        while len(list(tmp_path.glob("gate.ready*"))) < n:
+            assert proc.poll() is None and time.monotonic() < end, err_path.read_text()
+            time.sleep(0.05)
+        kinds = [os.readlink(f"/proc/{proc.pid}/fd/{fd}").split(":")[0]
+                 for fd in os.listdir(f"/proc/{proc.pid}/fd")]
+        gate.touch()
+        rc = proc.wait(60)
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    lines, errs = out_path.read_text().splitlines(), err_path.read_text().splitlines()
+    assert rc == 0, errs[-20:]
+    # per rank a stderr pipe and a rendezvous connection; the rest is the launcher's own
+    # (listeners, its event loop's, the stdout socket's two ends)
+    assert kinds.count("pipe") + kinds.count("socket") <= 2 * n + 10, kinds
+    for r in range(n):
+        body = [ln.split(": ", 1)[1] for ln in lines if ln.startswith(f"[rank{r}]: ")]
+        want = [f"r{r} line {i} " + "x" * (i * 37 % 5000) for i in range(300)]
+        assert [b for b in body if " line " in b] == want, r
+        assert f"from a child of r{r}" in body and \
+            f"r{r} last words without a newline" in body, body[-3:]
+        assert f"[rank{r}]: r{r} err line" in errs
+    assert not any("err line" in ln for ln in lines)

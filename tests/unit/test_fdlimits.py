@@ -53,8 +53,8 @@ def test_emfile_and_enfile_become_the_limit_error_and_nothing_else_does():
 
 
 def test_the_launchers_need_grows_with_ranks_and_log_files():
-    assert fdlimits.launcher_needs(400) == fdlimits.LAUNCHER_BASE + 3 * 400
-    assert fdlimits.launcher_needs(400, log_dir=True) == fdlimits.LAUNCHER_BASE + 5 * 400
+    assert fdlimits.launcher_needs(400) == fdlimits.LAUNCHER_BASE + 2 * 400
+    assert fdlimits.launcher_needs(400, log_dir=True) == fdlimits.LAUNCHER_BASE + 3 * 400
 
 
 def test_a_rank_whose_hard_limit_cannot_hold_its_node_fails_at_init_naming_it():

@@ -48,9 +48,12 @@ def _own_job(rank: int, port: int) -> int:
 
 
 def _sockets() -> int:
-    """How many sockets this process holds."""
+    """How many sockets this process holds, beside its standard streams (under
+    ``minidist run`` its stdout is the launcher's socket)."""
     n = 0
     for fd in os.listdir("/proc/self/fd"):
+        if int(fd) <= 2:
+            continue
         try:
             n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
         except OSError:
