@@ -395,6 +395,7 @@ class Run:
 # ----------------------------------------------------------------------------- memory mode
 
 RANK_SCRIPT = ROOT / "benchmarks" / "footprint_rank.py"
+TORCH_RANK_SCRIPT = ROOT / "benchmarks" / "footprint_rank_torch.py"  # imports torch at its top
 READY_PID = re.compile(r"READY (\d+)")
 SHM_DIR = "/dev/shm"
 SEGMENT = re.compile(r"minidist-(.+)-([0-9a-f]{16})-(\d+)$")
@@ -667,7 +668,8 @@ def memory_run(method: str, workload: str, n: int, use_torch: bool, args, log) -
     if skip:
         return {**res, "result": skip}
     cmd = [sys.executable, "-m", "minidist", "run", "-n", str(n), "--start-method", method,
-           str(RANK_SCRIPT), workload, *(["--torch"] if use_torch else [])]
+           str(TORCH_RANK_SCRIPT if use_torch else RANK_SCRIPT), workload,
+           *(["--torch"] if use_torch else [])]
     with tempfile.TemporaryDirectory(prefix="footprint-") as tmp:
         gate = Path(tmp) / "gate"
         run = MemoryRun(n, cmd, clean_env(MINIDIST_TEST_GATE=str(gate)),

@@ -12,7 +12,9 @@ WORKLOAD is one of
   observations (the shared-memory rooted area), then each worker sends rows to rank 0,
   which takes them with ``recv_many`` (the inboxes), and answers each with a send.
 
-With ``--torch`` the calls go through ``minidist.torch`` on CPU tensors instead.
+With ``--torch`` the calls go through ``minidist.torch`` on CPU tensors instead
+(``footprint_rank_torch.py`` runs this with torch imported at its top, as a torch
+script has it, so that ``minidist run`` imports torch once before forking the ranks).
 
 Every rank then prints ``READY <pid>`` and waits until the file named by
 ``MINIDIST_TEST_GATE`` exists (at most 600 s), so that benchmarks/footprint.py can read
@@ -26,9 +28,6 @@ import sys
 import time
 
 import numpy as np
-
-if "--torch" in sys.argv[2:]:  # at the top, as a torch script imports it (minidist run
-    import torch  # noqa: F401  # then imports it once, before forking the ranks)
 
 STEPS = 20  # RL steps: enough to reach the steady state of every path the loop uses
 
