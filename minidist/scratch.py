@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 KEPT = 2  # arrays kept per (dtype, size)
+KEPT_BYTES = 64 << 10  # the largest array kept: a larger one is allocated for each call
 
 
 class ScratchPool:
@@ -23,9 +24,10 @@ class ScratchPool:
         return pool.pop() if pool else np.empty(n, dtype)
 
     def give(self, a: np.ndarray | None) -> None:
-        """Hand ``a`` back (None or an empty array: nothing); kept if fewer than
-        :data:`KEPT` of its kind are."""
-        if a is None or not a.size:
+        """Hand ``a`` back (None or an empty array: nothing); kept if it is at most
+        :data:`KEPT_BYTES` and fewer than :data:`KEPT` of its kind are (a large array's
+        pages cost more to keep than to take again from the system)."""
+        if a is None or not a.size or a.nbytes > KEPT_BYTES:
             return
         pool = self._pool.setdefault((a.dtype, a.size), [])
         if len(pool) < KEPT:
