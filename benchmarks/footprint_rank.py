@@ -32,6 +32,19 @@ import numpy as np
 STEPS = 20  # RL steps: enough to reach the steady state of every path the loop uses
 
 
+def ring(api, x, got, rank: int, world: int) -> None:
+    """Send ``x`` to the next rank and receive ``got`` from the previous one."""
+    if world < 2:
+        return
+    right, left = (rank + 1) % world, (rank - 1) % world
+    if rank % 2 == 0:
+        api.send(x, right)
+        api.recv(got, left)
+    else:
+        api.recv(got, left)
+        api.send(x, right)
+
+
 def each_numpy(md, rank: int, world: int) -> None:
     x = np.full(1024, rank, np.float32)
     md.all_reduce(x)
@@ -45,15 +58,7 @@ def each_numpy(md, rank: int, world: int) -> None:
     md.all_to_all(out, np.ones((world, 1024), np.float32))
     md.scan(x)
     md.barrier()
-    if world > 1:  # a send/recv ring
-        got = np.zeros(1024, np.float32)
-        right, left = (rank + 1) % world, (rank - 1) % world
-        if rank % 2 == 0:
-            md.send(x, right)
-            md.recv(got, left)
-        else:
-            md.recv(got, left)
-            md.send(x, right)
+    ring(md, x, np.zeros(1024, np.float32), rank, world)
     md.broadcast_object({"step": 1}, src=0)
     md.all_gather_object(rank)
 
@@ -72,15 +77,7 @@ def each_torch(dist, rank: int, world: int) -> None:
     dist.all_to_all([torch.zeros(1024) for _ in range(world)],
                     [torch.ones(1024) for _ in range(world)])
     dist.barrier()
-    if world > 1:
-        got = torch.zeros(1024)
-        right, left = (rank + 1) % world, (rank - 1) % world
-        if rank % 2 == 0:
-            dist.send(x, right)
-            dist.recv(got, left)
-        else:
-            dist.recv(got, left)
-            dist.send(x, right)
+    ring(dist, x, torch.zeros(1024), rank, world)
     objs = [{"step": 1}]
     dist.broadcast_object_list(objs, src=0)
     gathered: list = [None] * world
