@@ -46,6 +46,9 @@ def _run_parser(sub) -> None:
     p.add_argument("--grace", type=float, default=5.0,
                    help="seconds the other ranks get to report after one fails (default 5)")
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines")
+    p.add_argument("--verbose", action="store_true",
+                   help="at the end, say how much of /dev/shm the job's ranks held at most "
+                   "(looked at every second, from /dev/shm and /proc)")
     p.add_argument("--restart-failed", dest="restart_failed", type=int, default=0,
                    metavar="N", help="start a rank that died (or raised) again, with the "
                    "same RANK, up to N times while the others keep running (default 0: "
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                                   grace=a.grace, prefix=not a.no_prefix,
                                   env=_run_env(a), log_dir=a.log_dir,
                                   restart_failed=a.restart_failed,
-                                  secret_file=a.secret_file))
+                                  secret_file=a.secret_file, verbose=a.verbose))
         except (OSError, ValueError) as e:  # a taken port, a bad option: one clear line
             print(f"minidist run: {e}", file=sys.stderr)
             return 1

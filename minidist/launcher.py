@@ -20,6 +20,7 @@ rank, the ranks' processes, their output, the failures).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import signal
@@ -28,7 +29,7 @@ import sys
 
 from . import fdlimits, restarts, segments, tracing
 from .env import default_timeout, trace_dir
-from .launch import ranks
+from .launch import ranks, shm_usage
 from .launch.failures import Failures
 from .launch.options import RunOptions
 from .launch.output import OutputRelay
@@ -42,6 +43,7 @@ from .transport import addresses
 
 KILL_AFTER = 5.0
 AGENT_CONNECT_TIMEOUT = 120.0
+SHM_LOOK = 0.1  # seconds between --verbose's looks at the job's /dev/shm (2 ms more a rank)
 ORPHAN_AGE = 600.0  # seconds a dead process's segment name is kept from other jobs' sweeps
 
 
@@ -67,6 +69,7 @@ class Launcher:
         self._listeners: list[socket.socket] = []
         self._stopping = False
         self._restarts: dict[int, int] = {}  # rank -> times started again (--restart-failed)
+        self._shm_peak = shm_usage.ShmUse()  # --verbose: the most /dev/shm seen held
 
     @property
     def children(self) -> list[Child]:
@@ -137,6 +140,7 @@ class Launcher:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal, sig)
         agent = None
+        looking: asyncio.Task | None = None
         try:
             if self.opts.node_rank == 0:
                 server = RendezvousServer(self.secret.encode(), self.world_size,
@@ -150,11 +154,17 @@ class Launcher:
                 await agent.start(self._listeners, timeout=AGENT_CONNECT_TIMEOUT)
             self.processes.start_reaping(loop)
             self.output.relay_stdout(loop)
+            if self.opts.verbose:
+                looking = loop.create_task(self._look_at_shm())
             async with asyncio.TaskGroup() as tg:
                 for c in self.children:
                     tg.create_task(self.output.pump_stderr(c))
                     tg.create_task(self._watch(c, server))
         finally:
+            if looking is not None:
+                looking.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await looking
             self.output.finish_stdout()
             self.processes.stop_reaping()
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -170,9 +180,31 @@ class Launcher:
             if swept:
                 self.output.note(f"removed shared memory left by killed ranks: {swept}")
             self._merge_trace()
+            if self.opts.verbose:
+                self.output.note(self._shm_note())
             for line in self.failures.summary():
                 self.output.note(line)
         return self.first_failure or 0
+
+    async def _look_at_shm(self) -> None:
+        """With --verbose: how much of /dev/shm the ranks hold, looked at now and then."""
+        job = addresses.job_key(self.secret.encode())
+        while True:
+            use = shm_usage.job_shm(job, [c.pid for c in self.children])
+            if use.total >= self._shm_peak.total:
+                self._shm_peak = use
+            await asyncio.sleep(self._shm_every())
+
+    def _shm_every(self) -> float:
+        """Seconds between two looks: more for more ranks, whose /proc each look reads."""
+        return SHM_LOOK + 0.002 * len(self.children)
+
+    def _shm_note(self) -> str:
+        p = self._shm_peak
+        return (f"/dev/shm held by this node's ranks, at most: {segments.mib(p.total)} "
+                f"({p.segments} segments: {segments.mib(p.named_bytes)} named, "
+                f"{segments.mib(p.unlinked_bytes)} mapped after their names were removed; "
+                f"looked at every {self._shm_every():.1f} s)")
 
     def _merge_trace(self) -> None:
         """With MINIDIST_TRACE: merge the ranks' trace files into DIR/<job>.json (every

@@ -29,3 +29,4 @@ class RunOptions:
     start_method: str = "fork"
     env: dict[str, str] = field(default_factory=dict)
     restart_failed: int = 0  # times a rank that died (or raised) is started again
+    verbose: bool = False  # at the end, say how much of /dev/shm the job held at most

@@ -263,3 +263,28 @@ def test_each_line_of_stdout_is_its_own_ranks_and_the_launcher_holds_two_fds_a_r
             f"r{r} last words without a newline" in body, body[-3:]
         assert f"[rank{r}]: r{r} err line" in errs
     assert not any("err line" in ln for ln in lines)
+
+
+def test_verbose_says_how_much_of_dev_shm_the_ranks_held(tmp_path):
+    script = tmp_path / "shm_user.py"
+    script.write_text(
+        "import time\nimport numpy as np\nimport minidist\nminidist.init()\n"
+        "r, n = minidist.get_rank(), minidist.get_world_size()\n"
+        "x = np.ones(4)\n"
+        "for _ in range(3):\n"
+        "    minidist.all_reduce(x)\n"
+        "    if r:\n        minidist.send(x, 0)\n"
+        "    else:\n        [minidist.recv(x, s) for s in range(1, n)]\n"
+        "time.sleep(1.0)\nminidist.barrier()\nminidist.destroy()\n")
+    r = subprocess.run([sys.executable, "-m", "minidist", "run", "-n", "4", "--verbose",
+                        str(script)], capture_output=True, text=True, env=clean_env(),
+                       timeout=90)
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stderr.splitlines() if "/dev/shm held" in ln)
+    held, count = line.split("at most: ")[1].split(" (")
+    assert float(held.split()[0]) > 0, line
+    assert int(count.split()[0]) >= 2, line  # rank 0's inbox and the group's area
+    quiet = subprocess.run([sys.executable, "-m", "minidist", "run", "-n", "2",
+                            str(script)], capture_output=True, text=True, env=clean_env(),
+                           timeout=90)
+    assert quiet.returncode == 0 and "/dev/shm held" not in quiet.stderr
