@@ -703,15 +703,11 @@ def memory_table(results: list[dict]) -> str:
     head = ("| start | workload | torch | N | result | PSS MiB mean / max | USS MiB mean "
             "| over floor MiB | Shmem Δ MiB | /dev/shm files MiB | launcher fds / rank "
             "| s |")
-    rows = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
-    for r in results:
-        result = r["result"] if "error" not in r else f"{r['result']}: {r['error']}"
-        rows.append("| " + " | ".join([
-            r["start_method"], r["workload"], "yes" if r["torch"] else "no", str(r["n"]),
-            result.replace("|", "\\|"), pair(r, "pss_mib"), fmt(r, "uss_mib", "mean"),
-            fmt(r, "pss_over_floor_mib"), fmt(r, "shmem_delta_mib"), fmt(r, "dev_shm_mib"),
-            fmt(r, "launcher_fds_per_rank"), fmt(r, "wall_seconds")]) + " |")
-    return "\n".join(rows)
+    return markdown(head, [[
+        r["start_method"], r["workload"], "yes" if r["torch"] else "no", str(r["n"]),
+        outcome(r), pair(r, "pss_mib"), fmt(r, "uss_mib", "mean"),
+        fmt(r, "pss_over_floor_mib"), fmt(r, "shmem_delta_mib"), fmt(r, "dev_shm_mib"),
+        fmt(r, "launcher_fds_per_rank"), fmt(r, "wall_seconds")] for r in results])
 
 
 def memory_breakdown(r: dict) -> list[str]:
@@ -864,23 +860,29 @@ def pair(res: dict, key: str, digits: int = 1) -> str:
     return f"{fmt(res, key, 'mean', digits)} / {fmt(res, key, 'max', digits)}"
 
 
+def markdown(head: str, rows: list[list[str]]) -> str:
+    """A markdown table: ``head`` (its titles between |) and each row's cells."""
+    lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return "\n".join(lines)
+
+
+def outcome(r: dict) -> str:
+    """A run's result cell: its result and its error, if any (| escaped)."""
+    result = r["result"] + (f": {r['error']}" if r.get("error") else "")
+    return result.replace("|", "\\|")
+
+
 def table(results: list[dict]) -> str:
     head = ("| system | N | result | setup s | listening TCP ports | TCP conns "
             "| sockets/rank mean / max | fds/rank mean / max | RSS MiB mean / max "
             "| PSS MiB mean / max | USS MiB mean / max | peak RSS MiB max | wall s |")
-    rows = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
-    for r in results:
-        result = r["result"]
-        if r.get("error"):
-            result += f": {r['error']}"
-        result = result.replace("|", "\\|")
-        rows.append("| " + " | ".join([
-            r["system"], str(r["n"]), result, fmt(r, "setup_seconds", digits=2),
-            fmt(r, "listening_tcp_ports"), fmt(r, "tcp_connections"),
-            pair(r, "sockets_per_rank"), pair(r, "fds_per_rank"),
-            pair(r, "rss_mib"), pair(r, "pss_mib"), pair(r, "uss_mib"),
-            fmt(r, "hwm_mib", "max"), fmt(r, "wall_seconds")]) + " |")
-    return "\n".join(rows)
+    return markdown(head, [[
+        r["system"], str(r["n"]), outcome(r), fmt(r, "setup_seconds", digits=2),
+        fmt(r, "listening_tcp_ports"), fmt(r, "tcp_connections"),
+        pair(r, "sockets_per_rank"), pair(r, "fds_per_rank"),
+        pair(r, "rss_mib"), pair(r, "pss_mib"), pair(r, "uss_mib"),
+        fmt(r, "hwm_mib", "max"), fmt(r, "wall_seconds")] for r in results])
 
 
 def main(argv: list[str] | None = None) -> int:

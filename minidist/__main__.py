@@ -48,7 +48,7 @@ def _run_parser(sub) -> None:
     p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines")
     p.add_argument("--verbose", action="store_true",
                    help="at the end, say how much of /dev/shm the job's ranks held at most "
-                   "(looked at every second, from /dev/shm and /proc)")
+                   "(looked at every 0.1 s and 2 ms more per rank, from /dev/shm and /proc)")
     p.add_argument("--restart-failed", dest="restart_failed", type=int, default=0,
                    metavar="N", help="start a rank that died (or raised) again, with the "
                    "same RANK, up to N times while the others keep running (default 0: "

@@ -199,6 +199,7 @@ class Inbox:
         self._heads = (at + _HEAD) // 4
         self._tails = (at + _TAIL) // 4
         self._head_at, self._tail_at = self._heads.tolist(), self._tails.tolist()
+        self._records = [ring_records(rings, r) for r in range(rings)]  # by ring
         self.mv = memoryview(self.mem)  # the segment's bytes and int32 words, read as
         self.ints = self.mv.cast("i")  # plain ints (cheaper than numpy's scalars)
         self.core = _box(self.seg, rings)
@@ -284,7 +285,7 @@ class Inbox:
         head = ints[self._head_at[ring]]
         if ints[self._tail_at[ring]] == head:
             return None
-        return ring_records(self.rings, ring) + (head % RING_SLOTS) * RECORD
+        return self._records[ring] + (head % RING_SLOTS) * RECORD
 
     def peek(self, ring: int) -> bytes | None:
         """The header bytes of the oldest record of ring ``ring``; None if it is empty."""

@@ -26,6 +26,7 @@ import os
 import signal
 import socket
 import sys
+import types
 
 from . import fdlimits, restarts, segments, tracing
 from .env import default_timeout, trace_dir
@@ -70,6 +71,7 @@ class Launcher:
         self._stopping = False
         self._restarts: dict[int, int] = {}  # rank -> times started again (--restart-failed)
         self._shm_peak = shm_usage.ShmUse()  # --verbose: the most /dev/shm seen held
+        self._code: types.CodeType | None = None  # the script, compiled before forking
 
     @property
     def children(self) -> list[Child]:
@@ -100,10 +102,10 @@ class Launcher:
         # names left by jobs whose every process was killed (not a running job's stash
         # of a sender killed just now, which its receivers may still read)
         segments.sweep_orphans(older_than=ORPHAN_AGE)
-        code = None
         if o.start_method == "fork":
-            code = ranks.script_code(o)
-            ranks.preload(ranks.heavy_imports(code), self._rank_env(0)["OMP_NUM_THREADS"])
+            self._code = ranks.script_code(o)
+            ranks.preload(ranks.heavy_imports(self._code),
+                          self._rank_env(0)["OMP_NUM_THREADS"])
             gc.freeze()  # the children's collections leave the shared pages alone
         sys.stdout.flush()
         sys.stderr.flush()
@@ -114,7 +116,7 @@ class Launcher:
             try:
                 if o.start_method == "fork":
                     child = ranks.fork_child(o, rank, env, self.children, self._listeners,
-                                             stdout, self.output.private(), code)
+                                             stdout, self.output.private(), self._code)
                 else:
                     child = ranks.spawn_child(o, rank, env, stdout)
             except OSError as e:  # the ranks already started die with this process
@@ -250,7 +252,8 @@ class Launcher:
         stdout = self.output.ranks_stdout()
         if o.start_method == "fork":
             c.pid, c.err_fd = restarts.refork(
-                os.getpid(), ranks.die_with, lambda: ranks.run_target(o, env), stdout)
+                os.getpid(), ranks.die_with, lambda: ranks.run_target(o, env, self._code),
+                stdout)
             c.popen = None
         else:
             c.popen = ranks.spawn(o, env, stdout)

@@ -76,7 +76,7 @@ class OutputRelay:
         rest = self._partial.pop(c.pid, b"")
         self._rank_of.pop(c.pid, None)
         if rest:
-            self._emit_out(c.rank, [rest])
+            self._emit(c.rank, [rest], self.out)
 
     def finish_stdout(self) -> None:
         """Every rank has exited: relay what is left, and close the socket."""
@@ -88,7 +88,7 @@ class OutputRelay:
         self._read_stdout()
         for pid, rest in list(self._partial.items()):
             if rest:
-                self._emit_out(self._rank(pid), [rest])
+                self._emit(self._rank(pid), [rest], self.out)
         self._partial.clear()
         for s in self._sock:
             s.close()
@@ -106,9 +106,7 @@ class OutputRelay:
         while True:
             try:
                 data, ancillary, _, _ = sock.recvmsg(_READ, space)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
+            except OSError:  # nothing more now (BlockingIOError), or the socket is gone
                 return
             if not data:
                 return
@@ -121,7 +119,7 @@ class OutputRelay:
             if rest:
                 self._partial[pid] = rest
             if lines:
-                self._emit_out(self._rank(pid), lines)
+                self._emit(self._rank(pid), lines, self.out)
 
     def _rank(self, pid: int) -> int:
         """The rank of the process ``pid``: a rank's own, or that of the rank whose
@@ -136,11 +134,13 @@ class OutputRelay:
             return -1
         return self._rank_of.get(sid, -1)
 
-    def _emit_out(self, rank: int, lines: list[bytes]) -> None:
+    def _emit(self, rank: int, lines: list[bytes], out: BinaryIO) -> None:
+        """Write rank ``rank``'s whole ``lines`` to ``out`` (this process's stdout or
+        stderr), prefixed, and to the rank's log file (rank -1: a writer not known)."""
         prefix = (f"[rank{rank}]: " if rank >= 0 else "[rank?]: ").encode() \
             if self.prefix else b""
-        self.out.write(b"".join(prefix + line + b"\n" for line in lines))
-        self.out.flush()
+        out.write(b"".join(prefix + line + b"\n" for line in lines))
+        out.flush()
         log = self._log(rank)
         if log is not None:
             log.write(b"".join(line + b"\n" for line in lines))
@@ -166,18 +166,11 @@ class OutputRelay:
         reader = asyncio.StreamReader(limit=1 << 20)
         transport, _ = await loop.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(c.err_fd, "rb", 0))
-        rank, out = c.rank, self.err
-        prefix = f"[rank{rank}]: ".encode() if self.prefix else b""
-        last = self._last_err.setdefault(rank, collections.deque(maxlen=LAST_LINES))
+        last = self._last_err.setdefault(c.rank, collections.deque(maxlen=LAST_LINES))
         pending = b""
 
         def emit(lines: list[bytes]) -> None:
-            out.write(b"".join(prefix + line + b"\n" for line in lines))
-            out.flush()
-            log = self._log(rank)
-            if log is not None:
-                log.write(b"".join(line + b"\n" for line in lines))
-                log.flush()
+            self._emit(c.rank, lines, self.err)
             last.extend(lines)
 
         try:

@@ -199,13 +199,18 @@ def script_code(opts: RunOptions) -> types.CodeType | None:
         return None
 
 
-def run_script(opts: RunOptions, code: types.CodeType) -> None:
-    """Run ``code`` (the script ``opts.target``) as ``python script.py`` would: in a new
-    ``__main__`` module, the script's folder first on ``sys.path``."""
+def run_script(opts: RunOptions, code: types.CodeType | None) -> None:
+    """Run the script ``opts.target`` as ``python script.py`` would: in a new
+    ``__main__`` module, the script's folder first on ``sys.path``; ``code``: the script
+    compiled by the launcher (None: read and compiled here, by ``runpy``)."""
     import builtins
+    import runpy
 
     sys.argv = [opts.target, *opts.args]
     sys.path[0] = os.path.dirname(os.path.abspath(opts.target))
+    if code is None:
+        runpy.run_path(opts.target, run_name="__main__")
+        return
     main = types.ModuleType("__main__")
     main.__dict__.update(__file__=opts.target, __cached__=None, __loader__=None,
                          __package__=None, __spec__=None, __builtins__=builtins)
@@ -235,12 +240,8 @@ def run_target(opts: RunOptions, env: dict[str, str],
         if opts.module:
             sys.argv = [opts.target, *opts.args]
             runpy.run_module(opts.target, run_name="__main__", alter_sys=True)
-        elif code is not None:
-            run_script(opts, code)
         else:
-            sys.argv = [opts.target, *opts.args]
-            sys.path[0] = os.path.dirname(os.path.abspath(opts.target))
-            runpy.run_path(opts.target, run_name="__main__")
+            run_script(opts, code)
     except SystemExit as e:
         if e.code is None:
             status = 0

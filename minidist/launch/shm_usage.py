@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-SHM_DIR = "/dev/shm"
+from ..segments import SHM_DIR
 
 
 @dataclass
