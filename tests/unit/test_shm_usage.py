@@ -31,8 +31,8 @@ def test_named_and_unlinked_segments_are_counted_once_by_their_pages():
     job = secrets.token_hex(10)
     named = os.path.join(segments.SHM_DIR, f"minidist-{job}-named")
     other = os.path.join(segments.SHM_DIR, f"minidist-{secrets.token_hex(10)}-x")
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER,
-                               os.path.join(segments.SHM_DIR, f"minidist-{job}-gone")],
+    gone = os.path.join(segments.SHM_DIR, f"minidist-{job}-gone")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, gone],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready"
@@ -56,6 +56,6 @@ def test_named_and_unlinked_segments_are_counted_once_by_their_pages():
     finally:
         holder.kill()
         holder.wait(10)
-        for path in (named, other):
+        for path in (named, other, gone):  # (gone: if the holder failed before its unlink)
             if os.path.exists(path):
                 os.unlink(path)
