@@ -781,6 +781,38 @@ static int box_header(Box *b, PyObject *o, const char **out) {
     return 0;
 }
 
+/* Write one record into the ring whose HEAD/TAIL words are at `ring` and records at
+ * `recs`: 0 (not written: closed or full), 1 (written), 2 (written, but the inbox closed
+ * meanwhile), 3 (not written: longer than the room, see room()). The caller checked that
+ * `len` fits a record. */
+static int box_put_raw(Box *b, char *ring, char *recs, const char *header, const void *buf,
+                       Py_ssize_t len) {
+    int32_t *open = (int32_t *)(b->m.start + b->open_at);
+    int32_t *tailp = (int32_t *)(ring + b->tail_at);
+    int32_t *headp = (int32_t *)(ring + b->head_at);
+    if (b->header + len > b->room)
+        return 3;
+    if (!load32(open))
+        return 0;
+    int32_t tail = load32(tailp);
+    if (((uint32_t)(tail - load32(headp)) & WRAP) >= (uint32_t)b->slots)
+        return 0;
+    char *at = recs + (Py_ssize_t)(tail % b->slots) * b->record;
+    memcpy(at, header, b->header);
+    if (len)
+        memcpy(at + b->header, buf, len);
+    store32(tailp, (tail + 1) & WRAP); /* after the record: a reader sees both */
+    fence_full();
+    int32_t *sleeping = (int32_t *)(b->m.start + b->sleeping_at);
+    if (load32(sleeping)) {
+        int32_t *bell = (int32_t *)(b->m.start + b->bell_at);
+        store32(sleeping, 0);
+        store32(bell, (load32(bell) + 1) & WRAP);
+        sys_futex_wake(bell);
+    }
+    return load32(open) ? 1 : 2;
+}
+
 /* put(ring, header, payload) -> 0 (not written: closed or full), 1 (written), 2 (written,
  * but the inbox closed meanwhile), 3 (not written: longer than the room, see room()):
  * minidist.inbox.Outbox.put. payload: a C-contiguous buffer or None. */
@@ -805,34 +837,27 @@ static PyObject *Box_put(Box *b, PyObject *const *args, Py_ssize_t nargs) {
             return NULL;
         }
     }
-    int32_t *open = (int32_t *)(b->m.start + b->open_at);
-    int32_t *tailp = (int32_t *)(ring + b->tail_at);
-    int32_t *headp = (int32_t *)(ring + b->head_at);
-    long result = 0;
-    if (b->header + (has ? pay.len : 0) > b->room)
-        result = 3;
-    else if (load32(open)) {
-        int32_t tail = load32(tailp);
-        if (((uint32_t)(tail - load32(headp)) & WRAP) < (uint32_t)b->slots) {
-            char *at = recs + (Py_ssize_t)(tail % b->slots) * b->record;
-            memcpy(at, header, b->header);
-            if (has && pay.len)
-                memcpy(at + b->header, pay.buf, pay.len);
-            store32(tailp, (tail + 1) & WRAP); /* after the record: a reader sees both */
-            fence_full();
-            int32_t *sleeping = (int32_t *)(b->m.start + b->sleeping_at);
-            if (load32(sleeping)) {
-                int32_t *bell = (int32_t *)(b->m.start + b->bell_at);
-                store32(sleeping, 0);
-                store32(bell, (load32(bell) + 1) & WRAP);
-                sys_futex_wake(bell);
-            }
-            result = load32(open) ? 1 : 2;
-        }
-    }
+    long result = box_put_raw(b, ring, recs, header, has ? pay.buf : NULL, has ? pay.len : 0);
     if (has)
         PyBuffer_Release(&pay);
     return PyLong_FromLong(result);
+}
+
+/* The oldest record of the ring (`ring`, `recs` as for box_put_raw), if its header is
+ * `header`, copied into `into` (`len` bytes, at most a record's payload) and removed:
+ * 1; else 0, nothing changed. */
+static int box_take_raw(Box *b, char *ring, char *recs, const char *header, void *into,
+                        Py_ssize_t len) {
+    int32_t *headp = (int32_t *)(ring + b->head_at);
+    int32_t head = load32(headp);
+    if (load32(ring + b->tail_at) == head)
+        return 0;
+    char *at = recs + (Py_ssize_t)(head % b->slots) * b->record;
+    if (memcmp(at, header, b->header) != 0)
+        return 0;
+    memcpy(into, at + b->header, len);
+    store32(headp, (head + 1) & WRAP); /* after the copy */
+    return 1;
 }
 
 /* take_if(ring, header, into) -> bool: the oldest record of the ring, if its header is
@@ -855,17 +880,7 @@ static PyObject *Box_take_if(Box *b, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_ValueError, "minidist._core.Box: more bytes than a record");
         return NULL;
     }
-    int32_t *headp = (int32_t *)(ring + b->head_at);
-    int32_t head = load32(headp);
-    int took = 0;
-    if (load32(ring + b->tail_at) != head) {
-        char *at = recs + (Py_ssize_t)(head % b->slots) * b->record;
-        if (memcmp(at, header, b->header) == 0) {
-            memcpy(into.buf, at + b->header, into.len);
-            store32(headp, (head + 1) & WRAP); /* after the copy */
-            took = 1;
-        }
-    }
+    int took = box_take_raw(b, ring, recs, header, into.buf, into.len);
     PyBuffer_Release(&into);
     return PyBool_FromLong(took);
 }
@@ -881,21 +896,10 @@ static int ring_news(const void *ctx) {
     return load32(r->tail) != load32(r->head) || load32(r->bell) != r->seen;
 }
 
-/* wait(ring, seen, nap) -> bool: until the ring holds a record (True) or the bell moved
- * from `seen` or `nap` seconds passed (False); spins or yields, then sleeps on the bell
- * saying so (minidist.inbox.Inbox.will_sleep / sleep), the GIL released. */
-static PyObject *Box_wait(Box *b, PyObject *const *args, Py_ssize_t nargs) {
-    char *ring;
-    int32_t seen;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "wait(ring, seen, nap)");
-        return NULL;
-    }
-    if (box_ring(b, args[0], &ring, NULL) < 0 || as_i32(args[1], &seen) < 0)
-        return NULL;
-    double nap = PyFloat_AsDouble(args[2]);
-    if (nap == -1.0 && PyErr_Occurred())
-        return NULL;
+/* Until the ring (HEAD/TAIL words at `ring`) holds a record (1) or the bell moved from
+ * `seen` or `nap` seconds passed (0); spins or yields, then sleeps on the bell saying so
+ * (minidist.inbox.Inbox.will_sleep / sleep). Releases the GIL. */
+static int box_wait_raw(Box *b, char *ring, int32_t seen, double nap) {
     ring_news_t news = {(int32_t *)(ring + b->head_at), (int32_t *)(ring + b->tail_at),
                         (int32_t *)(b->m.start + b->bell_at), seen};
     int32_t *sleeping = (int32_t *)(b->m.start + b->sleeping_at);
@@ -910,7 +914,23 @@ static PyObject *Box_wait(Box *b, PyObject *const *args, Py_ssize_t nargs) {
     }
     got = load32(news.tail) != load32(news.head);
     Py_END_ALLOW_THREADS
-    return PyBool_FromLong(got);
+    return got;
+}
+
+/* wait(ring, seen, nap) -> bool: box_wait_raw. */
+static PyObject *Box_wait(Box *b, PyObject *const *args, Py_ssize_t nargs) {
+    char *ring;
+    int32_t seen;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "wait(ring, seen, nap)");
+        return NULL;
+    }
+    if (box_ring(b, args[0], &ring, NULL) < 0 || as_i32(args[1], &seen) < 0)
+        return NULL;
+    double nap = PyFloat_AsDouble(args[2]);
+    if (nap == -1.0 && PyErr_Occurred())
+        return NULL;
+    return PyBool_FromLong(box_wait_raw(b, ring, seen, nap));
 }
 
 static PyMethodDef Box_methods[] = {
@@ -923,6 +943,461 @@ static PyMethodDef Box_methods[] = {
 
 static PyTypeObject BoxType = MAPPED_TYPE(
     Box, "A rank's inbox (minidist.inbox), its rings run by the compiled core.");
+
+/* ------------------------------------------------------------------ repeated messages */
+
+/* A Lane is one repeated point-to-point message, planned once by Python
+ * (minidist.fast_routes for sends, minidist.fast_takes for receives): the same group,
+ * peer, tag, dtype and shape, through one ring of one inbox. A call checks the caller's
+ * arguments against it, numbers the message in the engine's table (the one the general
+ * path numbers in), and puts or takes the record in one C call. Whatever it does not
+ * handle it hands back to Python untouched, or numbered (a receive that must wait
+ * longer), as minidist.fast_routes and minidist.fast_takes say. The GIL is held from the
+ * numbering to the put or take, except in a receive's wait, so no Python thread runs
+ * between them. */
+typedef struct {
+    PyObject_HEAD
+    Box *box;
+    int ring, receives;
+    char header[64]; /* the message's header; its number goes at P2P_SEQ_AT */
+    PyObject *group, *planner, *ndarray, *dtype, *shape, *engine, *key, *peer;
+    PyObject *lock;   /* a send's: the send lock; a receive's: the receiver lock */
+    PyObject *holder; /* a send's: the mapped inboxes by receiver; a receive's: FastP2P */
+    PyObject *owner;  /* the Outbox (send) or Inbox (receive) the lane was made for */
+    PyObject *mailbox, *drain_lock, *loop, *drain; /* a receive's */
+    Py_ssize_t nbytes;
+    double nap;
+    long long count;
+} Lane;
+
+#define P2P_SEQ_AT 16 /* a message header's number (int64, minidist.wire) */
+
+static PyObject *s_default, *s_dtype, *s_shape, *s_lost, *s_left, *s_rendezvous_lost,
+    *s_acquire, *s_release, *s_inbox, *s_waiting, *s_early, *s_is_dead, *s_p2p_waiting,
+    *s_call_soon_threadsafe, *s_p2p_seqs;
+
+static int Lane_init(Lane *l, PyObject *args, PyObject *kw) {
+    PyObject *box, *header, *extra = Py_None, *o[10], *r[5] = {NULL, NULL, NULL, NULL, NULL};
+    int ring, receives;
+    Py_ssize_t nbytes;
+    double nap;
+    if (kw != NULL && PyDict_GET_SIZE(kw)) {
+        PyErr_SetString(PyExc_TypeError, "Lane() takes positional arguments");
+        return -1;
+    }
+    /* box, ring, header, group, planner, ndarray, dtype, shape, nbytes, engine, key, peer,
+     * lock, holder, receives, nap, extra: a send's Outbox, or a receive's (Inbox,
+     * mailbox, drain lock, loop, drain) */
+    if (!PyArg_ParseTuple(args, "O!iSOOOOOnOOOOOpd|O", &BoxType, &box, &ring, &header, &o[0],
+                          &o[1], &o[2], &o[3], &o[4], &nbytes, &o[5], &o[6], &o[7], &o[8],
+                          &o[9], &receives, &nap, &extra))
+        return -1;
+    Box *b = (Box *)box;
+    if (b->m.start == NULL || ring < 0 || ring >= b->rings || PyBytes_GET_SIZE(header) != 64 ||
+        b->header != 64 || nbytes < 0 || nbytes > b->record - b->header ||
+        !PyType_Check(o[2]) || !PyTuple_Check(o[4]) || !PyTuple_Check(o[6]) || l->group != NULL) {
+        PyErr_SetString(PyExc_ValueError, "minidist._core.Lane: a lane that does not fit");
+        return -1;
+    }
+    if (receives) {
+        if (!PyArg_ParseTuple(extra, "OOOOO", &r[0], &r[1], &r[2], &r[3], &r[4]))
+            return -1;
+    } else {
+        r[0] = extra;
+    }
+    PyObject **fields[] = {&l->group, &l->planner, &l->ndarray, &l->dtype, &l->shape,
+                           &l->engine, &l->key, &l->peer, &l->lock, &l->holder};
+    for (int i = 0; i < 10; i++)
+        *fields[i] = Py_NewRef(o[i]);
+    PyObject **more[] = {&l->owner, &l->mailbox, &l->drain_lock, &l->loop, &l->drain};
+    for (int i = 0; i < 5; i++)
+        *more[i] = Py_XNewRef(r[i]);
+    l->box = (Box *)Py_NewRef(box);
+    l->ring = ring;
+    l->receives = receives;
+    l->nbytes = nbytes;
+    l->nap = nap;
+    memcpy(l->header, PyBytes_AS_STRING(header), 64);
+    return 0;
+}
+
+static void Lane_dealloc(Lane *l) {
+    Py_XDECREF(l->box);
+    Py_XDECREF(l->group);
+    Py_XDECREF(l->planner);
+    Py_XDECREF(l->ndarray);
+    Py_XDECREF(l->dtype);
+    Py_XDECREF(l->shape);
+    Py_XDECREF(l->engine);
+    Py_XDECREF(l->key);
+    Py_XDECREF(l->peer);
+    Py_XDECREF(l->lock);
+    Py_XDECREF(l->holder);
+    Py_XDECREF(l->owner);
+    Py_XDECREF(l->mailbox);
+    Py_XDECREF(l->drain_lock);
+    Py_XDECREF(l->loop);
+    Py_XDECREF(l->drain);
+    Py_TYPE(l)->tp_free((PyObject *)l);
+}
+
+/* Whether `array` and `group` are this lane's message (1, `view` then held), not (0,
+ * nothing held, no error set: the general path says what is wrong), or -1 (an error). */
+static int lane_fits(Lane *l, PyObject *array, PyObject *group, Py_buffer *view) {
+    if (l->box == NULL)
+        return 0;
+    if (group == Py_None) {
+        PyObject *g = PyObject_GetAttr(l->planner, s_default);
+        if (g == NULL)
+            return -1;
+        Py_DECREF(g);
+        if (g != l->group)
+            return 0;
+    } else if (group != l->group) {
+        return 0;
+    }
+    if (Py_TYPE(array) != (PyTypeObject *)l->ndarray)
+        return 0;
+    PyObject *d = PyObject_GetAttr(array, s_dtype);
+    if (d == NULL)
+        return -1;
+    Py_DECREF(d);
+    if (d != l->dtype)
+        return 0;
+    PyObject *shape = PyObject_GetAttr(array, s_shape);
+    if (shape == NULL)
+        return -1;
+    int same = PyObject_RichCompareBool(shape, l->shape, Py_EQ);
+    Py_DECREF(shape);
+    if (same <= 0)
+        return same;
+    int flags = PyBUF_C_CONTIGUOUS | (l->receives ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(array, view, flags) < 0) {
+        PyErr_Clear(); /* not C-contiguous, or not writable: the general path */
+        return 0;
+    }
+    if (view->len != l->nbytes) {
+        PyBuffer_Release(view);
+        return 0;
+    }
+    return 1;
+}
+
+/* Whether the peer died or left, or the rendezvous is lost (1), or not (0), or -1. */
+static int lane_peer_gone(Lane *l) {
+    PyObject *lost = PyObject_GetAttr(l->engine, s_rendezvous_lost);
+    if (lost == NULL)
+        return -1;
+    Py_DECREF(lost);
+    if (lost != Py_None)
+        return 1;
+    PyObject *names[2] = {s_lost, s_left};
+    for (int i = 0; i < 2; i++) {
+        PyObject *set = PyObject_GetAttr(l->engine, names[i]);
+        if (set == NULL)
+            return -1;
+        int in = PySequence_Contains(set, l->peer);
+        Py_DECREF(set);
+        if (in != 0)
+            return in;
+    }
+    return 0;
+}
+
+/* lock.acquire(blocking): 1 if acquired, 0 if not, -1 on an error */
+static int lane_acquire(PyObject *lock, int blocking) {
+    PyObject *got = PyObject_CallMethodOneArg(lock, s_acquire, blocking ? Py_True : Py_False);
+    if (got == NULL)
+        return -1;
+    int ok = PyObject_IsTrue(got);
+    Py_DECREF(got);
+    return ok;
+}
+
+static int lane_release(PyObject *lock) {
+    PyObject *r = PyObject_CallMethodNoArgs(lock, s_release);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* The next number of the lane's (group, peer, tag, direction) in the engine's table,
+ * counted there (-1 on an error). */
+static long long lane_number(Lane *l, PyObject **seqs) {
+    *seqs = PyObject_GetAttr(l->engine, s_p2p_seqs);
+    if (*seqs == NULL)
+        return -1;
+    if (!PyDict_Check(*seqs)) {
+        PyErr_SetString(PyExc_TypeError, "minidist._core.Lane: the engine's numbers");
+        Py_CLEAR(*seqs);
+        return -1;
+    }
+    PyObject *v = PyDict_GetItemWithError(*seqs, l->key);
+    long long seq = 0;
+    if (v != NULL) {
+        seq = PyLong_AsLongLong(v);
+        if (seq < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "minidist._core.Lane: a negative number");
+            Py_CLEAR(*seqs);
+            return -1;
+        }
+    } else if (PyErr_Occurred()) {
+        Py_CLEAR(*seqs);
+        return -1;
+    }
+    PyObject *next = PyLong_FromLongLong(seq + 1);
+    if (next == NULL || PyDict_SetItem(*seqs, l->key, next) < 0) {
+        Py_XDECREF(next);
+        Py_CLEAR(*seqs);
+        return -1;
+    }
+    Py_DECREF(next);
+    return seq;
+}
+
+/* The number `seq` back to the table (the message went nowhere), if it was the last. */
+static void lane_unnumber(Lane *l, PyObject *seqs, long long seq) {
+    PyObject *v = PyDict_GetItemWithError(seqs, l->key);
+    if (v != NULL && PyLong_AsLongLong(v) == seq + 1) {
+        PyObject *back = PyLong_FromLongLong(seq);
+        if (back == NULL || PyDict_SetItem(seqs, l->key, back) < 0)
+            PyErr_Clear();
+        Py_XDECREF(back);
+    }
+    PyErr_Clear();
+}
+
+/* send(array, group) -> True (written into the receiver's ring), 2 (written, but the
+ * inbox closed meanwhile: ring its doorbell) or None (nothing done, not numbered: the
+ * general path sends it). minidist.fast_routes.Routes.send_again in one call. */
+static PyObject *Lane_send(Lane *l, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || l->receives) {
+        PyErr_SetString(PyExc_TypeError, "send(array, group) on a sending lane");
+        return NULL;
+    }
+    Py_buffer view;
+    int fits = lane_fits(l, args[0], args[1], &view);
+    if (fits <= 0)
+        return fits < 0 ? NULL : Py_NewRef(Py_None);
+    int gone = lane_peer_gone(l);
+    if (gone != 0) {
+        PyBuffer_Release(&view);
+        return gone < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    int locked = lane_acquire(l->lock, 0);
+    if (locked <= 0) {
+        PyBuffer_Release(&view);
+        return locked < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    long result = 0;
+    PyObject *seqs = NULL;
+    PyObject *out = PyDict_GetItemWithError(l->holder, l->peer);
+    Box *b = l->box;
+    if (out == l->owner && b != NULL && b->m.start != NULL) {
+        long long seq = lane_number(l, &seqs);
+        if (seq < 0) {
+            result = -1;
+        } else {
+            char header[64];
+            memcpy(header, l->header, 64);
+            memcpy(header + P2P_SEQ_AT, &seq, 8);
+            char *ring = b->m.start + b->header + (Py_ssize_t)l->ring * b->ctrl;
+            char *recs = b->m.start + b->data + (Py_ssize_t)l->ring * b->slots * b->record;
+            result = box_put_raw(b, ring, recs, header, view.buf, view.len);
+            if (result == 0 || result == 3) {
+                lane_unnumber(l, seqs, seq);
+                result = 0;
+            }
+        }
+    } else if (PyErr_Occurred()) {
+        result = -1;
+    }
+    Py_XDECREF(seqs);
+    PyBuffer_Release(&view);
+    if (result < 0) {
+        PyObject *t, *v, *tb;
+        PyErr_Fetch(&t, &v, &tb);
+        lane_release(l->lock);
+        PyErr_Restore(t, v, tb);
+        return NULL;
+    }
+    if (lane_release(l->lock) < 0)
+        return NULL;
+    if (result == 0)
+        Py_RETURN_NONE;
+    l->count++;
+    if (result == 1)
+        Py_RETURN_TRUE;
+    return PyLong_FromLong(result);
+}
+
+/* After a receive in the inbox (as minidist.fast_p2p.FastP2P.in_inbox ends one): the
+ * receiver waits no more; receives on the loop, if any, get the rings. */
+static int lane_leave_inbox(Lane *l) {
+    if (PyObject_SetAttr(l->holder, s_waiting, Py_False) < 0)
+        return -1;
+    PyObject *w = PyObject_CallMethodNoArgs(l->mailbox, s_p2p_waiting);
+    if (w == NULL)
+        return -1;
+    int yes = PyObject_IsTrue(w);
+    Py_DECREF(w);
+    if (yes > 0) {
+        PyObject *r = PyObject_CallMethodOneArg(l->loop, s_call_soon_threadsafe, l->drain);
+        if (r == NULL)
+            return -1;
+        Py_DECREF(r);
+    }
+    return yes < 0 ? -1 : 0;
+}
+
+/* Whether the receiver may sleep in the inbox: nothing came through the socket early,
+ * the rendezvous is there, the sender is not known dead (1; 0; -1 on an error). */
+static int lane_may_sleep(Lane *l) {
+    PyObject *early = PyObject_GetAttr(l->mailbox, s_early);
+    if (early == NULL)
+        return -1;
+    int some = PyObject_IsTrue(early);
+    Py_DECREF(early);
+    if (some != 0)
+        return some < 0 ? -1 : 0;
+    PyObject *lost = PyObject_GetAttr(l->engine, s_rendezvous_lost);
+    if (lost == NULL)
+        return -1;
+    Py_DECREF(lost);
+    if (lost != Py_None)
+        return 0;
+    PyObject *dead = PyObject_CallMethodOneArg(l->mailbox, s_is_dead, l->peer);
+    if (dead == NULL)
+        return -1;
+    Py_DECREF(dead);
+    return dead == Py_None;
+}
+
+/* recv(array, group) -> True (the message is in `array`), None (nothing done, not
+ * numbered: the general path receives it) or its number (an int: it was not there
+ * within a slice; the general receive takes it on with that number).
+ * minidist.fast_takes.Takes.recv_again in one call. */
+static PyObject *Lane_recv(Lane *l, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !l->receives) {
+        PyErr_SetString(PyExc_TypeError, "recv(array, group) on a receiving lane");
+        return NULL;
+    }
+    Py_buffer view;
+    int fits = lane_fits(l, args[0], args[1], &view);
+    if (fits <= 0)
+        return fits < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *inbox = PyObject_GetAttr(l->holder, s_inbox);
+    if (inbox == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    Py_DECREF(inbox);
+    Box *b = l->box;
+    int locked = inbox == l->owner && b != NULL && b->m.start != NULL ? lane_acquire(l->lock, 0) : 0;
+    if (locked <= 0) {
+        PyBuffer_Release(&view);
+        return locked < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    Py_INCREF(b); /* (drop() from another thread while this one waits) */
+    PyObject *seqs = NULL;
+    long long seq = -1;
+    int took = -1;
+    if (PyObject_SetAttr(l->holder, s_waiting, Py_True) == 0 &&
+        (seq = lane_number(l, &seqs)) >= 0) {
+        char header[64];
+        memcpy(header, l->header, 64);
+        memcpy(header + P2P_SEQ_AT, &seq, 8);
+        char *ring = b->m.start + b->header + (Py_ssize_t)l->ring * b->ctrl;
+        char *recs = b->m.start + b->data + (Py_ssize_t)l->ring * b->slots * b->record;
+        store32(b->m.start + b->open_at, 1); /* Inbox.set_open(True) */
+        int32_t seen = load32(b->m.start + b->bell_at);
+        int sleep = lane_may_sleep(l);
+        if (sleep >= 0) {
+            if (sleep)
+                box_wait_raw(b, ring, seen, l->nap);
+            took = 0;
+            if (load32(ring + b->tail_at) != load32(ring + b->head_at)) {
+                /* the loop may move the rings' records meanwhile */
+                int drained = lane_acquire(l->drain_lock, 1);
+                if (drained < 0) {
+                    took = -1;
+                } else {
+                    PyObject *now = PyObject_GetAttr(l->holder, s_inbox);
+                    if (now == NULL) {
+                        took = -1;
+                    } else {
+                        Py_DECREF(now);
+                        if (now == l->owner && b->m.start != NULL)
+                            took = box_take_raw(b, ring, recs, header, view.buf, view.len);
+                    }
+                    if (lane_release(l->drain_lock) < 0)
+                        took = -1;
+                }
+            }
+        }
+    }
+    PyBuffer_Release(&view);
+    PyObject *t = NULL, *v = NULL, *tb = NULL;
+    if (took < 0) {
+        PyErr_Fetch(&t, &v, &tb);
+        if (seqs != NULL)
+            lane_unnumber(l, seqs, seq); /* an error: this receive took nothing */
+    }
+    Py_XDECREF(seqs);
+    Py_DECREF(b);
+    int left = lane_leave_inbox(l);
+    if (lane_release(l->lock) < 0 || left < 0) {
+        if (took >= 0) {
+            PyErr_Fetch(&t, &v, &tb);
+            took = -1;
+        } else {
+            PyErr_Clear();
+        }
+    }
+    if (took < 0) {
+        PyErr_Restore(t, v, tb);
+        return NULL;
+    }
+    if (took) {
+        l->count++;
+        Py_RETURN_TRUE;
+    }
+    return PyLong_FromLongLong(seq);
+}
+
+/* drop(): never carry a message again (its inbox closed, its peer restarted). */
+static PyObject *Lane_drop(Lane *l, PyObject *unused) {
+    (void)unused;
+    Py_CLEAR(l->box);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Lane_get_count(Lane *l, void *unused) {
+    (void)unused;
+    return PyLong_FromLongLong(l->count);
+}
+
+static PyGetSetDef Lane_getset[] = {
+    {"count", (getter)Lane_get_count, NULL, "messages this lane carried", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef Lane_methods[] = {
+    {"send", (PyCFunction)(void (*)(void))Lane_send, METH_FASTCALL, NULL},
+    {"recv", (PyCFunction)(void (*)(void))Lane_recv, METH_FASTCALL, NULL},
+    {"drop", (PyCFunction)Lane_drop, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "minidist._core.Lane",
+    .tp_basicsize = sizeof(Lane), .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One repeated message through an inbox's ring (minidist.fast_routes, "
+              "minidist.fast_takes), sent or taken in one call.",
+    .tp_new = PyType_GenericNew, .tp_init = (initproc)Lane_init,
+    .tp_dealloc = (destructor)Lane_dealloc, .tp_methods = Lane_methods,
+    .tp_getset = Lane_getset,
+};
 
 static PyMethodDef core_methods[] = {
     {"futex_wait", (PyCFunction)(void (*)(void))core_futex_wait, METH_FASTCALL,
@@ -946,8 +1421,21 @@ static struct PyModuleDef core_module = {
 };
 
 PyMODINIT_FUNC PyInit__core(void) {
-    if (PyType_Ready(&AreaType) < 0 || PyType_Ready(&BoxType) < 0)
+    if (PyType_Ready(&AreaType) < 0 || PyType_Ready(&BoxType) < 0 ||
+        PyType_Ready(&LaneType) < 0)
         return NULL;
+    struct {
+        PyObject **at;
+        const char *name;
+    } names[] = {{&s_default, "default"}, {&s_dtype, "dtype"}, {&s_shape, "shape"},
+                 {&s_lost, "lost"}, {&s_left, "left"}, {&s_rendezvous_lost, "rendezvous_lost"},
+                 {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_inbox, "inbox"},
+                 {&s_waiting, "waiting"}, {&s_early, "early"}, {&s_is_dead, "is_dead"},
+                 {&s_p2p_waiting, "p2p_waiting"},
+                 {&s_call_soon_threadsafe, "call_soon_threadsafe"}, {&s_p2p_seqs, "p2p_seqs"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (*names[i].at == NULL && (*names[i].at = PyUnicode_InternFromString(names[i].name)) == NULL)
+            return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
         return NULL;
@@ -963,12 +1451,18 @@ PyMODINIT_FUNC PyInit__core(void) {
         Py_DECREF(m);
         return NULL;
     }
+    Py_INCREF(&LaneType);
+    if (PyModule_AddObject(m, "Lane", (PyObject *)&LaneType) < 0) {
+        Py_DECREF(&LaneType);
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddIntConstant(m, "DONE", DONE) < 0 ||
         PyModule_AddIntConstant(m, "DIFFER", DIFFER) < 0 ||
         PyModule_AddIntConstant(m, "WAIT_MORE", WAIT_MORE) < 0 ||
         PyModule_AddIntConstant(m, "SETTLE_LATE", SETTLE_LATE) < 0 ||
         PyModule_AddIntConstant(m, "SETTLE_DIFFERS", SETTLE_DIFFERS) < 0 ||
-        PyModule_AddIntConstant(m, "ABI", 1) < 0) {
+        PyModule_AddIntConstant(m, "ABI", 2) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -25,7 +25,7 @@ import concurrent.futures
 from collections.abc import Coroutine
 from typing import Any
 
-from . import fast_repeat, first_k, forkguard
+from . import fast_repeat, first_k, forkguard, wire
 from .errors import DistError
 from .fast_p2p import NOT_TAKEN
 from .group import NON_GROUP_MEMBER, Group
@@ -50,6 +50,7 @@ class Door:
         self._send_first, self._send_now = session.send_first, session.send_now
         self._send_local, self._recv_local, self._send_again, self._recv_again = \
             session.local_messages() or (None, None, None, None)
+        self._send_lanes, self._recv_lanes, self._doorbell = session.lanes() or ({}, {}, None)
         forkguard.track(self)  # a forked child cannot use it (see minidist.forkguard)
 
     # ------------------------------------------------------------------ who we are
@@ -178,6 +179,19 @@ class Door:
         """A blocking send like the last one to ``dst`` with ``tag`` (the same group,
         dtype and shape), to a rank of this node: on its way without planning it again
         (True, see :meth:`FastP2P.send_again`); False: plan it (nothing was done)."""
+        if self._send_lanes:  # the compiled core's lane of this route, in one call
+            try:
+                lane = self._send_lanes.get((dst, tag))
+            except TypeError:  # not a rank or not a tag: the general path says so
+                return False
+            if lane is not None:
+                done = lane.send(array, group)
+                if done is True:
+                    return True
+                if done is not None:  # written, but the receiver's inbox closed meanwhile
+                    self._doorbell(self.plan.default if group is None else group, dst,
+                                   self.runtime.loop)
+                    return True
         again = self._send_again
         if again is None or self.runtime is None:
             return False
@@ -193,6 +207,19 @@ class Door:
         (the same group, dtype and shape), from a rank of this node: taken without
         planning it again (True, see :meth:`minidist.fast_takes.Takes.recv_again`);
         False: plan it (nothing was done)."""
+        if self._recv_lanes:  # the compiled core's lane of this receive, in one call
+            try:
+                lane = self._recv_lanes.get((src, tag))
+            except TypeError:  # not a rank or not a tag: the general path says so
+                return False
+            if lane is not None:
+                got = lane.recv(array, group)
+                if got is True:
+                    return True
+                if got is not None:  # numbered, not there within a slice: wait on
+                    self.wait(P2P(self.plan.default if group is None else group, src, tag,
+                                  got, array.reshape(-1), wire.shape_digest(array.shape), False))
+                    return True
         again = self._recv_again
         if again is None or self.runtime is None:
             return False

@@ -82,7 +82,7 @@ class FastP2P:
         self._send_lock = threading.Lock()
         self.drain_lock = threading.Lock()  # who takes records: a receiver or the loop
         self.many_patience: Patience | None = None  # recv_many's spin (minidist.first_k's)
-        self._receiver = threading.Lock()  # one waiting receiver at a time
+        self.receiver = threading.Lock()  # one waiting receiver at a time
         self.waiting = False  # a receiver waits in the inbox (read by the loop)
         self._patience = Patience(SPIN_P2P)
         self._patience.fit(len(self.local))
@@ -236,7 +236,7 @@ class FastP2P:
         none or another thread waits there (the loop must receive instead)."""
         if self._no_inbox:
             return NOT_TAKEN
-        if not self._receiver.acquire(blocking=False):
+        if not self.receiver.acquire(blocking=False):
             return NOT_TAKEN  # another thread waits in the inbox: this one on the loop
         try:
             if self.inbox is None:
@@ -257,7 +257,7 @@ class FastP2P:
                 if self.mailbox.p2p_waiting():  # receives on the loop: the rings are theirs
                     loop.call_soon_threadsafe(self.close_and_drain)
         finally:
-            self._receiver.release()
+            self.receiver.release()
 
     def _recv(self, p: P2P, inbox: Inbox, src: int):
         key = (src, p.group.id, p.seq, p.tag, True)

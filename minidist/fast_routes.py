@@ -12,6 +12,13 @@ header bytes the planner and the engine would have given it. Anything else takes
 general path, which checks and says what is wrong. A message that the ring does not
 take (full, or the inbox closed) goes on through the general path with the number it
 got, as any message does.
+
+With the compiled core, a route is also a :class:`minidist._core.Lane` in
+:attr:`Remembered.lanes`: the blocking API's send hands the caller's array to it, and
+the checks above, the numbering (in the engine's table) and the write into the ring
+happen in one C call, under the send lock and with the GIL held from the numbering to
+the write. Whatever the lane does not handle (another kind of message, a peer gone, the
+lock busy, the ring full or closed) it leaves unnumbered, and the send goes on as above.
 """
 
 from __future__ import annotations
@@ -23,37 +30,54 @@ from typing import Any
 
 import numpy as np
 
-from . import wire
+from . import core, wire
 from .group import Group
 from .inbox import Outbox
 from .ops import dtype_code
 from .plan import P2P
 
 ROUTES = 1024  # remembered kinds and routes (by receiver and tag) before they are dropped
+LANE = getattr(core.compiled, "Lane", None)  # the compiled core's lanes (None: pure core)
 
 
 class Route:
     """The kind of message this rank sends to one rank with one tag: its group, dtype,
     shape and shape digest, and the receiver's inbox it is written into."""
 
-    __slots__ = ("group", "dtype", "dtype_code", "shape", "digest", "out")
+    __slots__ = ("group", "dtype", "dtype_code", "shape", "digest", "out", "lane")
 
     def __init__(self, group: Group, dtype: np.dtype, shape: tuple, digest: int,
                  out: Outbox) -> None:
         self.group, self.dtype, self.shape, self.digest, self.out = \
             group, dtype, shape, digest, out
         self.dtype_code = dtype_code(dtype)
+        self.lane: Any = None  # its compiled lane, if any
 
 
 class Remembered:
     """Messages planned once, by peer and tag (:class:`Routes` for sends,
     :class:`minidist.fast_takes.Takes` for receives): ``kinds`` the kind of the last
     message that went through a ring with that peer and tag, ``made`` what was made of
-    it for the next ones of that kind (each kept for at most ROUTES keys)."""
+    it for the next ones of that kind (each kept for at most ROUTES keys), ``lanes``
+    the compiled lanes of what was made (by peer and tag; never replaced, so a caller
+    may hold it)."""
 
     def __init__(self) -> None:
         self.kinds: dict[tuple[int, int], tuple] = {}  # (group, dtype, size, shape digest)
         self.made: dict[tuple[int, int], Any] = {}
+        self.lanes: dict[tuple[int, int], Any] = {}
+        self._carried = 0  # messages carried by lanes dropped since
+
+    @property
+    def by_lanes(self) -> int:
+        """Messages carried by this rank's lanes (dropped ones too)."""
+        return self._carried + sum(lane.count for lane in self.lanes.values())
+
+    def _drop_lane(self, key: tuple[int, int]) -> None:
+        lane = self.lanes.pop(key, None)
+        if lane is not None:
+            lane.drop()
+            self._carried += lane.count
 
     def went(self, p: P2P) -> None:
         """Message ``p`` (an array, into or from a C-contiguous buffer) went whole
@@ -75,21 +99,33 @@ class Remembered:
             return None
         return digest
 
-    def make(self, peer: int, tag: int, made: object) -> None:
-        """Use ``made`` for the next messages with ``peer`` and ``tag``."""
+    def make(self, peer: int, tag: int, made: Any) -> None:
+        """Use ``made`` (and its compiled lane, if it has one) for the next messages with
+        ``peer`` and ``tag``."""
         if len(self.made) >= ROUTES:
-            self.made.clear()
+            self.clear_made()
+        self._drop_lane((peer, tag))
         self.made[(peer, tag)] = made
+        if made.lane is not None:
+            self.lanes[(peer, tag)] = made.lane
 
     def forget(self, rank: int) -> None:
         """``rank`` is a new process (its inbox and its ring here are others); a
         sender's :class:`Routes` calls it under its send lock."""
+        for key in [k for k in self.lanes if k[0] == rank]:
+            self._drop_lane(key)
         for table in (self.made, self.kinds):
             for key in [k for k in table if k[0] == rank]:
                 del table[key]
 
-    def clear(self) -> None:
+    def clear_made(self) -> None:
+        """Forget what was made (and drop its lanes)."""
+        for key in list(self.lanes):
+            self._drop_lane(key)
         self.made.clear()
+
+    def clear(self) -> None:
+        self.clear_made()
         self.kinds.clear()
 
 
@@ -105,7 +141,12 @@ class Routes(Remembered):
         self.engine = session.engine
         self.rank = session.rank
         self.lock, self.outboxes, self.doorbell = lock, outboxes, doorbell
-        self.sent = 0  # messages sent by a route
+        self._by_route = 0  # messages sent by a route in Python
+
+    @property
+    def sent(self) -> int:
+        """Messages sent by a route (in Python or by its lane)."""
+        return self._by_route + self.by_lanes
 
     def send_again(self, array: object, dst: int, tag: int, group: object,
                    loop: asyncio.AbstractEventLoop) -> bool | P2P | None:
@@ -136,7 +177,7 @@ class Routes(Remembered):
                                              r.digest, array.size, array.nbytes), array)
         if done == 0:
             return P2P(g, dst, tag, seq, array.reshape(-1), r.digest, False, sending=True)
-        self.sent += 1
+        self._by_route += 1
         if done == 2:
             self.doorbell(g, dst, loop)
         return True
@@ -146,5 +187,13 @@ class Routes(Remembered):
         message that went there through its ring."""
         digest = self.like(array, dst, tag, g)
         out = self.outboxes.get(dst)
-        if digest is not None and out is not None:
-            self.make(dst, tag, Route(g, array.dtype, array.shape, digest, out))
+        if digest is None or out is None:
+            return
+        r = Route(g, array.dtype, array.shape, digest, out)
+        if LANE is not None and out.core is not None:
+            header = wire.encode_p2p(r.dtype_code, 0, g.id, 0, self.rank, tag, digest,
+                                     array.size, array.nbytes)
+            r.lane = LANE(out.core, out.ring, header, g, self.plan, np.ndarray, r.dtype,
+                          r.shape, array.nbytes, self.engine, (g.id, dst, tag, True), dst,
+                          self.lock, self.outboxes, False, 0.0, out)
+        self.make(dst, tag, r)

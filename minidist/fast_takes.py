@@ -17,6 +17,14 @@ that came through the socket, a peer gone, a wait that goes on) continues on the
 general receive (:meth:`FastP2P._recv`) with the number it got, which takes, sets
 aside, waits and raises exactly as for any receive; its deadline starts there, so such
 a receive may wait up to one sleep slice (0.1 s) longer than the group's timeout.
+
+With the compiled core, a remembered receive is also a :class:`minidist._core.Lane` in
+:attr:`~minidist.fast_routes.Remembered.lanes`: the blocking API's receive hands the
+caller's array to it, and the checks, the numbering, the wait of one slice at most and
+the copy happen in one C call, in the inbox as above (its receiver lock held; the drain
+lock for the take). A receive it does not handle it leaves unnumbered; one whose message
+did not come within the slice it hands back numbered, and the general receive takes it
+on with that number.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from . import wire
-from .fast_routes import Remembered
+from .fast_routes import LANE, Remembered
 from .fastpath import SLICE
 from .group import Group
 from .inbox import MESSAGE_BYTES
@@ -40,7 +48,7 @@ class Take:
     ring lies in this rank's inbox ``inbox``."""
 
     __slots__ = ("group", "dtype", "dtype_code", "shape", "digest", "size", "nbytes",
-                 "inbox", "ring")
+                 "inbox", "ring", "lane")
 
     def __init__(self, group: Group, dtype: np.dtype, shape: tuple, digest: int,
                  inbox: Any, ring: int) -> None:
@@ -49,6 +57,7 @@ class Take:
         self.size = int(np.prod(shape, dtype=np.int64))
         self.nbytes = self.size * dtype.itemsize
         self.inbox, self.ring = inbox, ring
+        self.lane: Any = None  # its compiled lane, if any
 
 
 class Takes(Remembered):
@@ -61,7 +70,12 @@ class Takes(Remembered):
         self.plan = p2p.session.plan
         self.engine = p2p.engine
         self.mailbox = p2p.mailbox
-        self.taken = 0  # messages taken by a remembered receive
+        self._by_take = 0  # messages taken by a remembered receive in Python
+
+    @property
+    def taken(self) -> int:
+        """Messages taken by a remembered receive (in Python or by its lane)."""
+        return self._by_take + self.by_lanes
 
     def recv_again(self, array: object, src: int, tag: int, group: object,
                    loop: asyncio.AbstractEventLoop) -> bool:
@@ -114,7 +128,7 @@ class Takes(Remembered):
                     took = p2p.inbox is inbox and inbox.take_if(ring, expected, into)
                 if not took:
                     break  # another receive's record: the general path sets it aside
-                self.taken += 1
+                self._by_take += 1
                 return None
             if not sleep or not p2p.sleeps_at_once():
                 break
@@ -133,4 +147,14 @@ class Takes(Remembered):
         if digest is None or array.nbytes > MESSAGE_BYTES or p2p.inbox is None or \
                 ring is None:
             return
-        self.make(src, tag, Take(g, array.dtype, array.shape, digest, p2p.inbox, ring))
+        t = Take(g, array.dtype, array.shape, digest, p2p.inbox, ring)
+        box = p2p.inbox.core
+        if LANE is not None and box is not None and p2p.loop is not None:
+            header = wire.encode_p2p(t.dtype_code, 0, g.id, 0, src, tag, digest, t.size,
+                                     t.nbytes)
+            t.lane = LANE(box, ring, header, g, self.plan, np.ndarray, t.dtype, t.shape,
+                          t.nbytes, self.engine, (g.id, src, tag, False), src,
+                          p2p.receiver, p2p, True, SLICE,
+                          (p2p.inbox, self.mailbox, p2p.drain_lock, p2p.loop,
+                           p2p.close_and_drain))
+        self.make(src, tag, t)

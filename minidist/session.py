@@ -27,6 +27,7 @@ from .env import LaunchConfig
 from .errors import DistError, DistTimeoutError, PeerLostError, RendezvousError
 from .fast_calls import FastCalls
 from .fast_p2p import LINGER, FastP2P
+from .fast_routes import LANE
 from .fast_segments import FastSegments
 from .group import Group
 from .plan import Planner
@@ -207,6 +208,15 @@ class Session:
         p2p = self.p2p
         return None if p2p is None else (p2p.send, p2p.recv, p2p.send_again,
                                          p2p.recv_again)
+
+    def lanes(self) -> tuple[dict, dict, Callable[..., None]] | None:
+        """Once joined: the compiled lanes of repeated sends and receives, by peer and
+        tag (:attr:`minidist.fast_routes.Remembered.lanes`), and the doorbell a send
+        rings when its receiver's inbox closed meanwhile; None without them."""
+        p2p = self.p2p
+        if p2p is None or LANE is None:
+            return None
+        return p2p.routes.lanes, p2p.takes.lanes, p2p.routes.doorbell
 
     @property
     def incarnation(self) -> int:
