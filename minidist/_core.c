@@ -1399,6 +1399,434 @@ static PyTypeObject LaneType = {
     .tp_getset = Lane_getset,
 };
 
+/* ------------------------------------------------------------------ repeated rooted calls */
+
+/* A Step is a worker's (not the root's) repeated scatter or gather, planned once by
+ * Python (minidist.fast_repeat): the same group, root, dtype and shape through the
+ * group's rooted area. One call checks the caller's arguments, numbers the call (the
+ * group's fast-call number and call number, in the planner's and the engine's tables),
+ * looks at what would make the call unusual (minidist.fast_repeat.Repeat._unusual, the
+ * engine's may_refuse), and runs the role (Area_scatter_recv or Area_gather_send) and
+ * its book-keeping. What it does not finish it hands back to Python: untouched (None),
+ * or numbered with how far it got, as minidist.fast_repeat says. */
+typedef struct {
+    PyObject_HEAD
+    Area *area;
+    int scatter, writable;
+    long root, kind_code, groot_code;
+    Py_ssize_t nbytes;
+    PyObject *kind, *group_arg, *g, *planner, *ndarray, *dtype, *shape, *key, *groot, *gid,
+        *numbers, *entered, *turns, *engine, *fast, *rooted, *slots, *calls, *nb, *nap;
+    long long f, seq; /* the call numbered by the last run (f < 0: it numbered none) */
+} Step;
+
+#define K_SCATTER 8
+#define K_ALL_GATHER 5
+
+static PyObject *s_aborted, *s_broken, *s_died, *s_gave_up, *s_pending, *s_last, *s_behind,
+    *s_turn_done;
+
+static int Step_init(Step *s, PyObject *args, PyObject *kw) {
+    PyObject *area, *o[18];
+    int scatter, writable;
+    long root;
+    Py_ssize_t nbytes;
+    double nap;
+    if (kw != NULL && PyDict_GET_SIZE(kw)) {
+        PyErr_SetString(PyExc_TypeError, "Step() takes positional arguments");
+        return -1;
+    }
+    /* area, scatter, writable, root, nbytes, nap, kind, group_arg, g, planner, ndarray,
+     * dtype, shape, key, groot, gid, numbers, entered, turns, engine, fast, rooted, slots,
+     * calls */
+    if (!PyArg_ParseTuple(args, "O!pplndOOOOOOOSOOOOOOOOOO", &AreaType, &area, &scatter,
+                          &writable, &root, &nbytes, &nap, &o[0], &o[1], &o[2], &o[3], &o[4],
+                          &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12], &o[13],
+                          &o[14], &o[15], &o[16], &o[17]))
+        return -1;
+    Area *a = (Area *)area;
+    long kind = PyLong_AsLong(o[0]);
+    long groot = PyLong_AsLong(o[8]);
+    if ((kind == -1 || groot == -1) && PyErr_Occurred())
+        return -1;
+    if (a->m.start == NULL || s->kind != NULL || nbytes < 0 || nbytes > a->piece ||
+        groot < 0 || groot >= a->n || groot == a->me || PyBytes_GET_SIZE(o[7]) != KEY ||
+        !PyType_Check(o[4]) || !PyTuple_Check(o[6]) || !PyDict_Check(o[10]) ||
+        !PyDict_Check(o[12]) || !PyDict_Check(o[16])) {
+        PyErr_SetString(PyExc_ValueError, "minidist._core.Step: a step that does not fit");
+        return -1;
+    }
+    s->nb = PyLong_FromSsize_t(nbytes);
+    s->nap = PyFloat_FromDouble(nap);
+    if (s->nb == NULL || s->nap == NULL)
+        return -1;
+    PyObject **fields[] = {&s->kind, &s->group_arg, &s->g, &s->planner, &s->ndarray,
+                           &s->dtype, &s->shape, &s->key, &s->groot, &s->gid, &s->numbers,
+                           &s->entered, &s->turns, &s->engine, &s->fast, &s->rooted,
+                           &s->slots, &s->calls};
+    for (int i = 0; i < 18; i++)
+        *fields[i] = Py_NewRef(o[i]);
+    s->area = (Area *)Py_NewRef(area);
+    s->scatter = scatter;
+    s->writable = writable;
+    s->root = root;
+    s->kind_code = kind;
+    s->groot_code = groot;
+    s->nbytes = nbytes;
+    s->f = s->seq = -1;
+    return 0;
+}
+
+static void Step_dealloc(Step *s) {
+    Py_XDECREF(s->area);
+    PyObject *fields[] = {s->kind, s->group_arg, s->g, s->planner, s->ndarray, s->dtype,
+                          s->shape, s->key, s->groot, s->gid, s->numbers, s->entered,
+                          s->turns, s->engine, s->fast, s->rooted, s->slots, s->calls,
+                          s->nb, s->nap};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        Py_XDECREF(fields[i]);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+/* Whether these are the step's arguments again: 1, 0 (no error set) or -1. */
+static int step_fits(Step *s, PyObject *arr, PyObject *root, PyObject *group) {
+    if (s->area->m.start == NULL || group != s->group_arg ||
+        !PyLong_CheckExact(root))
+        return 0;
+    int overflow;
+    if (PyLong_AsLongAndOverflow(root, &overflow) != s->root || overflow)
+        return 0;
+    if (group == Py_None) {
+        PyObject *d = PyObject_GetAttr(s->planner, s_default);
+        if (d == NULL)
+            return -1;
+        Py_DECREF(d);
+        if (d != s->g)
+            return 0;
+    }
+    if (Py_TYPE(arr) != (PyTypeObject *)s->ndarray)
+        return 0;
+    PyObject *d = PyObject_GetAttr(arr, s_dtype);
+    if (d == NULL)
+        return -1;
+    Py_DECREF(d);
+    if (d != s->dtype)
+        return 0;
+    PyObject *shape = PyObject_GetAttr(arr, s_shape);
+    if (shape == NULL)
+        return -1;
+    int same = PyObject_RichCompareBool(shape, s->shape, Py_EQ);
+    Py_DECREF(shape);
+    if (same <= 0)
+        return same;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arr, &view, PyBUF_C_CONTIGUOUS |
+                                           (s->writable ? PyBUF_WRITABLE : 0)) < 0) {
+        PyErr_Clear(); /* the general path says what is wrong */
+        return 0;
+    }
+    int fits = view.len == s->nbytes;
+    PyBuffer_Release(&view);
+    return fits;
+}
+
+/* table[gid] += 1 (a mapping; a missing key counts from 0 if `from_zero`): the old value */
+static long long step_count(PyObject *table, PyObject *gid, int from_zero) {
+    PyObject *v = PyObject_GetItem(table, gid);
+    long long n = 0;
+    if (v == NULL) {
+        if (!from_zero || !PyErr_ExceptionMatches(PyExc_KeyError))
+            return -1;
+        PyErr_Clear();
+    } else {
+        n = PyLong_AsLongLong(v);
+        Py_DECREF(v);
+        if (n < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "minidist._core.Step: a negative number");
+            return -1;
+        }
+    }
+    PyObject *next = PyLong_FromLongLong(n + 1);
+    if (next == NULL || PyObject_SetItem(table, gid, next) < 0) {
+        Py_XDECREF(next);
+        return -1;
+    }
+    Py_DECREF(next);
+    return n;
+}
+
+static int attr_is_none(PyObject *o, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    Py_DECREF(v);
+    return v == Py_None;
+}
+
+static int attr_true(PyObject *o, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* Whether call f must take Python's general run (1; 0; -1): another call's turn, an
+ * error or abort known (Engine.may_refuse), the group gave up, a scatter pending, the
+ * group's segment changed. */
+static int step_unusual(Step *s, long long f) {
+    PyObject *turn = PyDict_GetItemWithError(s->turns, s->gid);
+    if (turn == NULL && PyErr_Occurred())
+        return -1;
+    long long t = turn == NULL ? 0 : PyLong_AsLongLong(turn);
+    if (t == -1 && PyErr_Occurred())
+        return -1;
+    if (t != f)
+        return 1;
+    int r = attr_is_none(s->engine, s_rendezvous_lost);
+    if (r != 1)
+        return r < 0 ? -1 : 1;
+    PyObject *names[] = {s_aborted, s_broken, s_lost, s_died};
+    for (int i = 0; i < 4; i++) {
+        r = attr_true(s->engine, names[i]);
+        if (r != 0)
+            return r;
+    }
+    if ((r = attr_is_none(s->fast, s_gave_up)) != 1 ||
+        (r = attr_is_none(s->rooted, s_pending)) != 1)
+        return r < 0 ? -1 : 1;
+    PyObject *fast = PyDict_GetItemWithError(s->slots, s->gid);
+    if (fast == NULL && PyErr_Occurred())
+        return -1;
+    return fast != s->fast;
+}
+
+/* Whether whoever read what this call overwrites finished reading it in `last`, the
+ * area's previous call of this parity (minidist.fast_rooted.Rooted.reused): 1, 0, -1. */
+static int step_reused(Step *s, Area *a, PyObject *last) {
+    if (last == Py_None)
+        return 1;
+    if (!PyTuple_Check(last) || PyTuple_GET_SIZE(last) != 3) {
+        PyErr_SetString(PyExc_TypeError, "minidist._core.Step: the area's last call");
+        return -1;
+    }
+    long long lf = PyLong_AsLongLong(PyTuple_GET_ITEM(last, 0));
+    long lkind = PyLong_AsLong(PyTuple_GET_ITEM(last, 1));
+    long lroot = PyLong_AsLong(PyTuple_GET_ITEM(last, 2));
+    if (PyErr_Occurred())
+        return -1;
+    long me = a->me, root = s->groot_code;
+    if (lroot < 0 || lroot >= a->n) {
+        PyErr_SetString(PyExc_ValueError, "minidist._core.Step: the area's last root");
+        return -1;
+    }
+    if (lkind == K_SCATTER && s->kind_code == K_SCATTER) {
+        if (lroot == root && root != me)
+            return 1;
+        if (lroot != me && root != me)
+            return __atomic_load_n(done_of(a, (int)lroot), __ATOMIC_ACQUIRE) > lf;
+    } else if (lkind != K_ALL_GATHER && lroot != me) {
+        return __atomic_load_n(done_of(a, (int)lroot), __ATOMIC_ACQUIRE) > lf;
+    }
+    for (int r = 0; r < a->n; r++)
+        if (__atomic_load_n(done_of(a, r), __ATOMIC_ACQUIRE) <= lf)
+            return 0;
+    return 1;
+}
+
+static PyObject *Area_scatter_recv(Area *a, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *Area_gather_send(Area *a, PyObject *const *args, Py_ssize_t nargs);
+
+/* run(array, root, group) -> True (done), None (not this call: nothing done) or
+ * (f, seq, how): numbered, and Python goes on: how < 0, nothing run yet (the general run,
+ * or a wait for the area to be read first); else the core's answer to finish
+ * (WAIT_MORE, DIFFER). An exception after the numbering leaves (f, seq) in `numbered`. */
+/* Check and number: 1 (s->f, s->seq set), 0 (not this call: nothing done), -1. */
+static int step_number(Step *s, PyObject *const *args) {
+    int fits = step_fits(s, args[0], args[1], args[2]);
+    if (fits <= 0)
+        return fits;
+    long long f = step_count(s->numbers, s->gid, 1);
+    if (f < 0)
+        return -1;
+    long long seq = step_count(s->entered, s->gid, 0);
+    if (seq < 0)
+        return -1; /* (the fast-call number was taken: a broken table, not a call) */
+    s->f = f;
+    s->seq = seq;
+    return 1;
+}
+
+/* Run the call numbered (f, seq) with `arr`: True, or (f, seq, how) (see run). */
+static PyObject *step_go(Step *s, Area *area, PyObject *arr, long long f, long long seq) {
+    PyObject *args[1] = {arr};
+    long how = -1;
+    int unusual = step_unusual(s, f);
+    if (unusual < 0)
+        return NULL;
+    PyObject *last_list = NULL, *now = NULL, *fo = NULL, *so = NULL, *result = NULL;
+    if (!unusual) {
+        last_list = PyObject_GetAttr(s->rooted, s_last);
+        if (last_list == NULL)
+            goto done;
+        if (!PyList_Check(last_list) || PyList_GET_SIZE(last_list) != 2) {
+            PyErr_SetString(PyExc_TypeError, "minidist._core.Step: the area's last calls");
+            goto done;
+        }
+        int reused = step_reused(s, area, PyList_GET_ITEM(last_list, f & 1));
+        if (reused < 0)
+            goto done;
+        if (reused) {
+            fo = PyLong_FromLongLong(f);
+            so = PyLong_FromLongLong(seq);
+            if (fo == NULL || so == NULL)
+                goto done;
+            now = PyTuple_Pack(3, fo, s->kind, s->groot);
+            if (now == NULL || PyList_SetItem(last_list, f & 1, Py_NewRef(now)) < 0)
+                goto done;
+            PyObject *got;
+            if (s->scatter) {
+                PyObject *a[7] = {fo, s->groot, s->key, so, args[0], s->nb, s->nap};
+                got = Area_scatter_recv(area, a, 7);
+            } else {
+                PyObject *a[6] = {fo, s->groot, s->key, so, args[0], s->nb};
+                got = Area_gather_send(area, a, 6);
+            }
+            if (got == NULL)
+                goto done;
+            how = PyLong_AsLong(got);
+            Py_DECREF(got);
+            if (how == -1 && PyErr_Occurred())
+                goto done;
+        }
+    }
+    if (how == DONE) {
+        PyObject *behind = PyTuple_Pack(2, fo, s->groot);
+        PyObject *next = PyLong_FromLongLong(f + 1);
+        int bad = behind == NULL || next == NULL ||
+                  PyObject_SetAttr(s->rooted, s_behind, behind) < 0 ||
+                  PyDict_SetItem(s->turns, s->gid, next) < 0;
+        Py_XDECREF(behind);
+        if (!bad) {
+            int waiting = attr_true(s->calls, s_waiting);
+            if (waiting > 0) {
+                PyObject *r = PyObject_CallMethodObjArgs(s->calls, s_turn_done, s->gid, next,
+                                                         NULL);
+                Py_XDECREF(r);
+                bad = r == NULL;
+            } else {
+                bad = waiting < 0;
+            }
+        }
+        Py_XDECREF(next);
+        if (!bad)
+            result = Py_NewRef(Py_True);
+    } else {
+        result = Py_BuildValue("(LLl)", f, seq, how);
+    }
+done:
+    Py_XDECREF(last_list);
+    Py_XDECREF(now);
+    Py_XDECREF(fo);
+    Py_XDECREF(so);
+    return result;
+}
+
+static PyObject *Step_run(Step *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "run(array, root, group)");
+        return NULL;
+    }
+    s->f = s->seq = -1;
+    if (s->area == NULL)
+        Py_RETURN_NONE;
+    Area *area = (Area *)Py_NewRef(s->area); /* (drop() from another thread meanwhile) */
+    int numbered = step_number(s, args);
+    PyObject *result = numbered <= 0 ? (numbered < 0 ? NULL : Py_NewRef(Py_None))
+                                     : step_go(s, area, args[0], s->f, s->seq);
+    Py_DECREF(area);
+    return result;
+}
+
+/* number(array, root, group) -> (f, seq) or None: run's checks and numbering alone (a
+ * caller that numbers under a lock of its own, then runs the call by go() outside it). */
+static PyObject *Step_number(Step *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "number(array, root, group)");
+        return NULL;
+    }
+    s->f = s->seq = -1;
+    if (s->area == NULL)
+        Py_RETURN_NONE;
+    int numbered = step_number(s, args);
+    if (numbered <= 0)
+        return numbered < 0 ? NULL : Py_NewRef(Py_None);
+    return Py_BuildValue("(LL)", s->f, s->seq);
+}
+
+/* go(array, f, seq) -> True or (f, seq, how), as run answers, for a call number() numbered
+ * with this array. */
+static PyObject *Step_go(Step *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "go(array, f, seq)");
+        return NULL;
+    }
+    long long f = PyLong_AsLongLong(args[1]), seq = PyLong_AsLongLong(args[2]);
+    if ((f == -1 || seq == -1) && PyErr_Occurred())
+        return NULL;
+    if (f < 0 || seq < 0) {
+        PyErr_SetString(PyExc_ValueError, "minidist._core.Step: a negative number");
+        return NULL;
+    }
+    if (s->area == NULL)
+        return Py_BuildValue("(LLl)", f, seq, -1L);
+    s->f = f;
+    s->seq = seq;
+    Area *area = (Area *)Py_NewRef(s->area);
+    PyObject *result = step_go(s, area, args[0], f, seq);
+    Py_DECREF(area);
+    return result;
+}
+
+static PyObject *Step_get_numbered(Step *s, void *unused) {
+    (void)unused;
+    if (s->f < 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(LL)", s->f, s->seq);
+}
+
+/* drop(): never run again (the group's segment goes). */
+static PyObject *Step_drop(Step *s, PyObject *unused) {
+    (void)unused;
+    Py_CLEAR(s->area);
+    Py_RETURN_NONE;
+}
+
+static PyGetSetDef Step_getset[] = {
+    {"numbered", (getter)Step_get_numbered, NULL,
+     "(f, seq) of the call the last run numbered, or None", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef Step_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))Step_run, METH_FASTCALL, NULL},
+    {"number", (PyCFunction)(void (*)(void))Step_number, METH_FASTCALL, NULL},
+    {"go", (PyCFunction)(void (*)(void))Step_go, METH_FASTCALL, NULL},
+    {"drop", (PyCFunction)Step_drop, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject StepType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "minidist._core.Step",
+    .tp_basicsize = sizeof(Step), .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A worker's repeated scatter or gather (minidist.fast_repeat), in one call.",
+    .tp_new = PyType_GenericNew, .tp_init = (initproc)Step_init,
+    .tp_dealloc = (destructor)Step_dealloc, .tp_methods = Step_methods,
+    .tp_getset = Step_getset,
+};
+
 static PyMethodDef core_methods[] = {
     {"futex_wait", (PyCFunction)(void (*)(void))core_futex_wait, METH_FASTCALL,
      "futex_wait(addr, seen, timeout): sleep while the int32 at addr holds seen (GIL "
@@ -1422,7 +1850,7 @@ static struct PyModuleDef core_module = {
 
 PyMODINIT_FUNC PyInit__core(void) {
     if (PyType_Ready(&AreaType) < 0 || PyType_Ready(&BoxType) < 0 ||
-        PyType_Ready(&LaneType) < 0)
+        PyType_Ready(&LaneType) < 0 || PyType_Ready(&StepType) < 0)
         return NULL;
     struct {
         PyObject **at;
@@ -1432,7 +1860,10 @@ PyMODINIT_FUNC PyInit__core(void) {
                  {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_inbox, "inbox"},
                  {&s_waiting, "waiting"}, {&s_early, "early"}, {&s_is_dead, "is_dead"},
                  {&s_p2p_waiting, "p2p_waiting"},
-                 {&s_call_soon_threadsafe, "call_soon_threadsafe"}, {&s_p2p_seqs, "p2p_seqs"}};
+                 {&s_call_soon_threadsafe, "call_soon_threadsafe"}, {&s_p2p_seqs, "p2p_seqs"},
+                 {&s_aborted, "_aborted"}, {&s_broken, "broken"}, {&s_died, "died"},
+                 {&s_gave_up, "gave_up"}, {&s_pending, "pending"}, {&s_last, "last"},
+                 {&s_behind, "behind"}, {&s_turn_done, "turn_done"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (*names[i].at == NULL && (*names[i].at = PyUnicode_InternFromString(names[i].name)) == NULL)
             return NULL;
@@ -1454,6 +1885,12 @@ PyMODINIT_FUNC PyInit__core(void) {
     Py_INCREF(&LaneType);
     if (PyModule_AddObject(m, "Lane", (PyObject *)&LaneType) < 0) {
         Py_DECREF(&LaneType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&StepType);
+    if (PyModule_AddObject(m, "Step", (PyObject *)&StepType) < 0) {
+        Py_DECREF(&StepType);
         Py_DECREF(m);
         return NULL;
     }

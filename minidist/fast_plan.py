@@ -52,6 +52,16 @@ class FastPlanner:
         name = "single_copy" if reads else "shared_slots"
         return ops.dtype_code(dtype), digest, reads, uses, name
 
+    @property
+    def numbers(self) -> dict[int, int]:
+        """The next fast-call number of each group, by group id (the table :meth:`take`
+        counts in; the compiled core's steps count there too)."""
+        return self._numbers
+
+    def numbers_calls_by(self, number: Callable[[Group], int]) -> bool:
+        """Whether calls are numbered by ``number`` (the engine's ``next_seq``)."""
+        return self._number == number
+
     def take(self, g: Group) -> tuple[int, int]:
         """Number one more fast call of ``g`` that uses one fast-call number (a rooted
         call planned once, :mod:`minidist.fast_repeat`): (its fast-call number, its call

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from . import core
 from .errors import DistError
 from .fast_rooted import signature
 from .fastpath import SLICE
@@ -37,6 +38,7 @@ _local = threading.local()
 _all: weakref.WeakSet = weakref.WeakSet()  # every Repeat made, to forget at close
 _GONE = object()  # the door of a Repeat forgotten: no door is it
 _DIFFER, _WAIT_MORE = 1, 2  # minidist._core's answers
+_STEP = getattr(core.compiled, "Step", None)  # a worker's call in one C call (None: none)
 
 
 class Repeat:
@@ -48,7 +50,7 @@ class Repeat:
                  "in_shape", "code", "count", "digest", "name", "take", "calls", "loop",
                  "planner", "is_root", "key", "scatter", "fast", "rooted", "heads",
                  "rows", "mine", "engine", "turns", "timeout", "groot", "hooks", "slots",
-                 "core", "nb", "nap", "__weakref__")
+                 "core", "nb", "nap", "step", "__weakref__")
 
     def __init__(self, door: Any, p: Prepared, group: object, out_shape: tuple | None,
                  in_shape: tuple | None) -> None:
@@ -79,7 +81,22 @@ class Repeat:
         self.core = rooted.core  # the compiled core's area (None: the pure core runs it)
         self.nb = self.count * self.dtype.itemsize
         self.nap = min(SLICE, self.timeout)
+        self.step = self._compiled_step(door)
         _all.add(self)
+
+    def _compiled_step(self, door: Any) -> Any:
+        """A worker's call as the compiled core's :class:`minidist._core.Step` (its
+        checks, numbering, unusual cases and role in one C call); None on the root, on
+        the pure core, or if the planner does not number calls as that step does."""
+        planner = self.planner.fast_planner
+        if _STEP is None or self.core is None or self.is_root or \
+                not planner.numbers_calls_by(self.engine.next_seq):
+            return None
+        return _STEP(self.core, self.scatter, self.scatter, self.root, self.nb, self.nap,
+                     self.kind, self.group, self.g, self.planner, np.ndarray, self.dtype,
+                     self.out_shape if self.scatter else self.in_shape, self.key, self.groot,
+                     self.gid, planner.numbers, self.engine.entered, self.turns,
+                     self.engine, self.fast, self.rooted, self.slots, self.calls)
 
     def _views(self, rooted: Any, root: int) -> tuple:
         """Per parity: (the root's header, this rank's header) offsets, every rank's
@@ -192,17 +209,28 @@ class Repeat:
         try:
             if self.scatter:
                 got = self.core.scatter_recv(f, groot, self.key, seq, out, self.nb, self.nap)
-                if got == _WAIT_MORE:  # the checks of a longer wait, then the rest
-                    head, _at = self.heads[parity]
-                    got = _DIFFER if rooted.core_scatter_recv(
-                        f, head >> 2, groot, self.key,
-                        time.monotonic() - self.nap + self.timeout, self.hooks,
-                        self._call(seq), out, self.nb) else 0
             else:
                 got = self.core.gather_send(f, groot, self.key, seq, inp, self.nb)
+        except BaseException as e:
+            self._failed(self._call(seq), e, f)
+            raise
+        self._finish_worker(f, seq, out, got)
+
+    def _finish_worker(self, f: int, seq: int, out: np.ndarray | None, got: int) -> None:
+        """After the compiled core's role answered ``got`` for call ``f`` (numbered
+        ``seq``): a scatter's longer wait (WAIT_MORE), the mismatch (DIFFER), and the
+        turn of the group's next call."""
+        rooted, groot = self.rooted, self.groot
+        try:
+            if got == _WAIT_MORE:  # the checks of a longer wait, then the rest
+                head, _at = self.heads[f & 1]
+                got = _DIFFER if rooted.core_scatter_recv(
+                    f, head >> 2, groot, self.key,
+                    time.monotonic() - self.nap + self.timeout, self.hooks,
+                    self._call(seq), out, self.nb) else 0
             rooted.behind = (f, groot)
             if got == _DIFFER:
-                raise rooted.mismatch(self._call(seq), groot, parity)
+                raise rooted.mismatch(self._call(seq), groot, f & 1)
         except BaseException as e:
             self._failed(self._call(seq), e, f)
             raise
@@ -227,6 +255,8 @@ class Repeat:
     def again(self, output: object, input: object, root: int, group: object) -> bool:
         """Number and run the call (a scatter's or gather's own arrays, as the blocking
         API takes them) if it is this one again (True); else nothing (False)."""
+        if self.step is not None:  # an env worker's step, in one call into the core
+            return self.stepped(output if self.scatter else input, root, group)
         if self.core is not None and not self.is_root:  # an env worker's step
             arr = output if self.scatter else input
             job = self.worker_number(arr, root, group)
@@ -242,6 +272,43 @@ class Repeat:
             return False
         self.go(self.number(out, inp))
         return True
+
+    def stepped(self, arr: object, root: object, group: object) -> bool:
+        """Run the call by the compiled core's step if it is this one again (True);
+        else nothing (False). What the step hands back numbered goes on here: through
+        :meth:`worker_run` (nothing run yet) or :meth:`_finish_worker`."""
+        step = self.step
+        try:
+            got = step.run(arr, root, group)
+        except BaseException as e:
+            numbered = step.numbered
+            if numbered is not None:
+                self._failed(self._call(numbered[1]), e, numbered[0])
+            raise
+        if got is None:
+            return False
+        if got is not True:
+            self._step_on(arr, got)
+        return True
+
+    def step_numbered(self, arr: np.ndarray, job: tuple[int, int]) -> None:
+        """Run a call that the step's ``number`` numbered (``job``: (f, seq)) with
+        ``arr``, as :meth:`stepped` runs it."""
+        try:
+            got = self.step.go(arr, *job)
+        except BaseException as e:
+            self._failed(self._call(job[1]), e, job[0])
+            raise
+        if got is not True:
+            self._step_on(arr, got)
+
+    def _step_on(self, arr: np.ndarray, got: tuple[int, int, int]) -> None:
+        """The rest of a call the step handed back numbered: (f, seq, how)."""
+        f, seq, how = got
+        if how < 0:
+            self.worker_run((f, seq), arr)
+        else:
+            self._finish_worker(f, seq, arr, how)
 
     def worker_number(self, arr: object, root: int, group: object) -> tuple | None:
         """On a rank that is not the root, with the compiled core: :meth:`fits` and
@@ -270,6 +337,8 @@ class Repeat:
     def drop(self) -> None:
         """Never run again (its door closed): let go of the segment's views."""
         self.door = _GONE
+        if self.step is not None:
+            self.step.drop()
         self.rows = self.mine = self.fast = self.rooted = None
 
 

@@ -244,15 +244,22 @@ class ListViews:
     and dtypes, are contiguous, plain (``torch.Tensor``, neither the conjugate nor the
     negative bit set) and do not require grad: the same tensors, or new views of the
     same memory (``list(batch.unbind())`` every step). The views keep the first
-    tensors, so that memory stays where they point."""
+    tensors, so that memory stays where they point.
 
-    __slots__ = ("tensors", "ptrs", "numels", "meta", "views", "flat", "rows", "packed")
+    When the kept tensors lie one after another in memory (the rows of one tensor:
+    ``list(batch.unbind())``, ``list(batch)``), ``rows`` and ``packed`` are that memory
+    itself: a scatter's root sends from it and a gather's lands in it, with no copy
+    (:meth:`pack` and :meth:`land` then do nothing)."""
+
+    __slots__ = ("tensors", "ptrs", "numels", "meta", "views", "flat", "rows", "packed",
+                 "in_place")
 
     def __init__(self, views: list[np.ndarray]) -> None:
         self.views = views
         self.flat = [v.reshape(-1) for v in views]
         self.rows = np.empty((len(views), views[0].size), views[0].dtype)
         self.packed = self.rows.reshape(-1)
+        self.in_place = False  # rows and packed are the tensors' own memory
         self.tensors: tuple = ()
         self.ptrs: list[int] = []
         self.numels: list[int] = []
@@ -264,6 +271,14 @@ class ListViews:
         self.ptrs = list(map(_data_ptr, ts))
         self.numels = list(map(_numel, ts))
         self.meta = list(map(_dtype_grad, ts))
+        first = self.flat[0]
+        step = first.nbytes
+        if step and self.ptrs == [self.ptrs[0] + i * step for i in range(len(self.ptrs))]:
+            # one after another: the rows are the tensors' memory (they keep it alive)
+            self.rows = np.lib.stride_tricks.as_strided(
+                first, shape=(len(self.views), first.size), strides=(step, first.itemsize))
+            self.packed = self.rows.reshape(-1)
+            self.in_place = True
 
     def same(self, ts: list | tuple) -> bool:
         """Whether ``ts`` holds tensors of this kept list's memory and layout, in order."""
@@ -281,10 +296,14 @@ class ListViews:
 
     def pack(self) -> np.ndarray:
         """The tensors' values one after another (``packed``)."""
+        if self.in_place:
+            return self.packed
         return np.concatenate(self.views, axis=None, out=self.packed)
 
     def land(self) -> None:
         """Copy ``rows`` into the tensors, one row each."""
+        if self.in_place:
+            return
         for v, row in zip(self.flat, self.rows):
             v[:] = row
 

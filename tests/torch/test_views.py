@@ -163,6 +163,26 @@ def test_a_learners_list_is_viewed_once_and_given_again():
     assert _tensors.list_views(ts, like) is lv  # both lists kept
 
 
+def test_a_list_of_one_batchs_rows_is_used_in_place():
+    like = np.zeros(4, np.float32)
+    batch = torch.zeros(3, 4)
+    lv = _tensors.list_views(list(batch.unbind()), like)
+    assert lv.in_place and np.shares_memory(lv.rows, batch.numpy())
+    lv.rows[...] = np.arange(12).reshape(3, 4)  # what a gather lands
+    lv.land()
+    assert batch.numpy().reshape(-1).tolist() == list(range(12))
+    batch.add_(1)
+    assert lv.pack().tolist() == list(range(1, 13))  # what a scatter's root sends
+    # every other row of a batch: not one after another, copied through rows
+    big = torch.zeros(6, 4)
+    gapped = _tensors.list_views(list(big[::2].unbind()), like)
+    assert not gapped.in_place and not np.shares_memory(gapped.rows, big.numpy())
+    gapped.rows[...] = 7
+    gapped.land()
+    assert bool(big[::2].eq(7).all()) and bool(big[1::2].eq(0).all())
+    assert gapped.pack().tolist() == [7.0] * 12
+
+
 LIST_CHANGES = {  # each makes one tensor of a kept list other memory or not plain
     "replaced": lambda ts: ts.__setitem__(1, torch.zeros(4)),
     "set_": lambda ts: ts[1].set_(torch.zeros(4).untyped_storage(), 0, (4,)),
