@@ -313,26 +313,27 @@ def run_multiprocessing(a) -> None:
 
 
 def _torch_loop(dist, a, rank: int) -> None:
-    """scatter + gather with torch tensors (gloo or minidist.torch)."""
+    """scatter + gather with torch tensors (gloo or minidist.torch), as the numpy loop:
+    the learner's actions and observations are batches (one tensor each, as a policy
+    takes and gives them), scattered from and gathered into as lists of their rows."""
     import torch
 
     W, B = a.workers, a.obs
     act = torch.zeros(1, dtype=torch.int64)
     if rank == 0:
-        acts = [torch.zeros(1, dtype=torch.int64) for _ in range(W + 1)]
-        obs = [torch.zeros(B, dtype=torch.uint8) for _ in range(W + 1)]
+        actions = torch.zeros(W + 1, 1, dtype=torch.int64)
+        batch = torch.zeros(W + 1, B, dtype=torch.uint8)
+        acts, obs = list(actions.unbind()), list(batch.unbind())
         mine = torch.zeros(B, dtype=torch.uint8)
         clock = Clock(a.seconds, a.warmup)
         step = 0
         while clock.tick(W):
             step += 1
-            for t in acts:
-                t.fill_(step)
+            actions.fill_(step)
             dist.scatter(act, acts, src=0)
             dist.gather(mine, obs, dst=0)
-        _check(obs[W].numpy(), step, B)
-        for t in acts:
-            t.fill_(STOP)
+        _check(batch[W].numpy(), step, B)
+        actions.fill_(STOP)
         dist.scatter(act, acts, src=0)
         clock.result()
     else:
