@@ -1418,6 +1418,11 @@ typedef struct {
     PyObject *kind, *group_arg, *g, *planner, *ndarray, *dtype, *shape, *key, *groot, *gid,
         *numbers, *entered, *turns, *engine, *fast, *rooted, *slots, *calls, *nb, *nap;
     long long f, seq; /* the call numbered by the last run (f < 0: it numbered none) */
+    /* the root's step (run_root): the shape of its other array (a scatter's input, a
+     * gather's output; `shape` is the first's) and how a call is made for its
+     * pending scatter (minidist.fast_repeat.Repeat._call) */
+    int is_root;
+    PyObject *in_shape, *make_call;
 } Step;
 
 #define K_SCATTER 8
@@ -1439,18 +1444,28 @@ static int Step_init(Step *s, PyObject *args, PyObject *kw) {
     /* area, scatter, writable, root, nbytes, nap, kind, group_arg, g, planner, ndarray,
      * dtype, shape, key, groot, gid, numbers, entered, turns, engine, fast, rooted, slots,
      * calls */
-    if (!PyArg_ParseTuple(args, "O!pplndOOOOOOOSOOOOOOOOOO", &AreaType, &area, &scatter,
+    PyObject *root_extra = NULL, *in_shape = NULL, *make_call = NULL;
+    if (!PyArg_ParseTuple(args, "O!pplndOOOOOOOSOOOOOOOOOO|O", &AreaType, &area, &scatter,
                           &writable, &root, &nbytes, &nap, &o[0], &o[1], &o[2], &o[3], &o[4],
                           &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12], &o[13],
-                          &o[14], &o[15], &o[16], &o[17]))
+                          &o[14], &o[15], &o[16], &o[17], &root_extra))
         return -1;
+    /* the root's step: (its other array's shape, the maker of a call from its number) */
+    if (root_extra != NULL &&
+        (!PyArg_ParseTuple(root_extra, "O!O", &PyTuple_Type, &in_shape, &make_call) ||
+         !PyCallable_Check(make_call))) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "minidist._core.Step: (in_shape, make_call)");
+        return -1;
+    }
     Area *a = (Area *)area;
     long kind = PyLong_AsLong(o[0]);
     long groot = PyLong_AsLong(o[8]);
     if ((kind == -1 || groot == -1) && PyErr_Occurred())
         return -1;
     if (a->m.start == NULL || s->kind != NULL || nbytes < 0 || nbytes > a->piece ||
-        groot < 0 || groot >= a->n || groot == a->me || PyBytes_GET_SIZE(o[7]) != KEY ||
+        groot < 0 || groot >= a->n || (groot == a->me) != (root_extra != NULL) ||
+        PyBytes_GET_SIZE(o[7]) != KEY ||
         !PyType_Check(o[4]) || !PyTuple_Check(o[6]) || !PyDict_Check(o[10]) ||
         !PyDict_Check(o[12]) || !PyDict_Check(o[16])) {
         PyErr_SetString(PyExc_ValueError, "minidist._core.Step: a step that does not fit");
@@ -1474,6 +1489,9 @@ static int Step_init(Step *s, PyObject *args, PyObject *kw) {
     s->groot_code = groot;
     s->nbytes = nbytes;
     s->f = s->seq = -1;
+    s->is_root = root_extra != NULL;
+    s->in_shape = Py_XNewRef(in_shape);
+    s->make_call = Py_XNewRef(make_call);
     return 0;
 }
 
@@ -1482,16 +1500,16 @@ static void Step_dealloc(Step *s) {
     PyObject *fields[] = {s->kind, s->group_arg, s->g, s->planner, s->ndarray, s->dtype,
                           s->shape, s->key, s->groot, s->gid, s->numbers, s->entered,
                           s->turns, s->engine, s->fast, s->rooted, s->slots, s->calls,
-                          s->nb, s->nap};
+                          s->nb, s->nap, s->in_shape, s->make_call};
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
         Py_XDECREF(fields[i]);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
-/* Whether these are the step's arguments again: 1, 0 (no error set) or -1. */
-static int step_fits(Step *s, PyObject *arr, PyObject *root, PyObject *group) {
-    if (s->area->m.start == NULL || group != s->group_arg ||
-        !PyLong_CheckExact(root))
+/* Whether a call with `root` and `group` is the step's call again: 1, 0 (no error set)
+ * or -1. */
+static int step_call_fits(Step *s, PyObject *root, PyObject *group) {
+    if (s->area->m.start == NULL || group != s->group_arg || !PyLong_CheckExact(root))
         return 0;
     int overflow;
     if (PyLong_AsLongAndOverflow(root, &overflow) != s->root || overflow)
@@ -1504,6 +1522,13 @@ static int step_fits(Step *s, PyObject *arr, PyObject *root, PyObject *group) {
         if (d != s->g)
             return 0;
     }
+    return 1;
+}
+
+/* Whether `arr` is a C-contiguous (and `writable`) array of the step's dtype, of
+ * `shape`, `nbytes` long: 1, 0 (no error set) or -1. */
+static int step_array_fits(Step *s, PyObject *arr, PyObject *shape, Py_ssize_t nbytes,
+                           int writable) {
     if (Py_TYPE(arr) != (PyTypeObject *)s->ndarray)
         return 0;
     PyObject *d = PyObject_GetAttr(arr, s_dtype);
@@ -1512,22 +1537,30 @@ static int step_fits(Step *s, PyObject *arr, PyObject *root, PyObject *group) {
     Py_DECREF(d);
     if (d != s->dtype)
         return 0;
-    PyObject *shape = PyObject_GetAttr(arr, s_shape);
-    if (shape == NULL)
+    PyObject *got = PyObject_GetAttr(arr, s_shape);
+    if (got == NULL)
         return -1;
-    int same = PyObject_RichCompareBool(shape, s->shape, Py_EQ);
-    Py_DECREF(shape);
+    int same = PyObject_RichCompareBool(got, shape, Py_EQ);
+    Py_DECREF(got);
     if (same <= 0)
         return same;
     Py_buffer view;
-    if (PyObject_GetBuffer(arr, &view, PyBUF_C_CONTIGUOUS |
-                                           (s->writable ? PyBUF_WRITABLE : 0)) < 0) {
+    if (PyObject_GetBuffer(arr, &view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) <
+        0) {
         PyErr_Clear(); /* the general path says what is wrong */
         return 0;
     }
-    int fits = view.len == s->nbytes;
+    int fits = view.len == nbytes;
     PyBuffer_Release(&view);
     return fits;
+}
+
+/* Whether these are the (worker's) step's arguments again: 1, 0 (no error set) or -1. */
+static int step_fits(Step *s, PyObject *arr, PyObject *root, PyObject *group) {
+    int fits = step_call_fits(s, root, group);
+    if (fits <= 0)
+        return fits;
+    return step_array_fits(s, arr, s->shape, s->nbytes, s->writable);
 }
 
 /* table[gid] += 1 (a mapping; a missing key counts from 0 if `from_zero`): the old value */
@@ -1576,7 +1609,7 @@ static int attr_true(PyObject *o, PyObject *name) {
 /* Whether call f must take Python's general run (1; 0; -1): another call's turn, an
  * error or abort known (Engine.may_refuse), the group gave up, a scatter pending, the
  * group's segment changed. */
-static int step_unusual(Step *s, long long f) {
+static int step_unusual(Step *s, long long f, int pending_ok) {
     PyObject *turn = PyDict_GetItemWithError(s->turns, s->gid);
     if (turn == NULL && PyErr_Occurred())
         return -1;
@@ -1595,7 +1628,7 @@ static int step_unusual(Step *s, long long f) {
             return r;
     }
     if ((r = attr_is_none(s->fast, s_gave_up)) != 1 ||
-        (r = attr_is_none(s->rooted, s_pending)) != 1)
+        (!pending_ok && (r = attr_is_none(s->rooted, s_pending)) != 1))
         return r < 0 ? -1 : 1;
     PyObject *fast = PyDict_GetItemWithError(s->slots, s->gid);
     if (fast == NULL && PyErr_Occurred())
@@ -1663,7 +1696,7 @@ static int step_number(Step *s, PyObject *const *args) {
 static PyObject *step_go(Step *s, Area *area, PyObject *arr, long long f, long long seq) {
     PyObject *args[1] = {arr};
     long how = -1;
-    int unusual = step_unusual(s, f);
+    int unusual = step_unusual(s, f, 0);
     if (unusual < 0)
         return NULL;
     PyObject *last_list = NULL, *now = NULL, *fo = NULL, *so = NULL, *result = NULL;
@@ -1735,8 +1768,8 @@ done:
 }
 
 static PyObject *Step_run(Step *s, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "run(array, root, group)");
+    if (nargs != 3 || s->is_root) {
+        PyErr_SetString(PyExc_TypeError, "run(array, root, group) on a worker's step");
         return NULL;
     }
     s->f = s->seq = -1;
@@ -1753,8 +1786,8 @@ static PyObject *Step_run(Step *s, PyObject *const *args, Py_ssize_t nargs) {
 /* number(array, root, group) -> (f, seq) or None: run's checks and numbering alone (a
  * caller that numbers under a lock of its own, then runs the call by go() outside it). */
 static PyObject *Step_number(Step *s, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "number(array, root, group)");
+    if (nargs != 3 || s->is_root) {
+        PyErr_SetString(PyExc_TypeError, "number(array, root, group) on a worker's step");
         return NULL;
     }
     s->f = s->seq = -1;
@@ -1769,8 +1802,8 @@ static PyObject *Step_number(Step *s, PyObject *const *args, Py_ssize_t nargs) {
 /* go(array, f, seq) -> True or (f, seq, how), as run answers, for a call number() numbered
  * with this array. */
 static PyObject *Step_go(Step *s, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "go(array, f, seq)");
+    if (nargs != 3 || s->is_root) {
+        PyErr_SetString(PyExc_TypeError, "go(array, f, seq) on a worker's step");
         return NULL;
     }
     long long f = PyLong_AsLongLong(args[1]), seq = PyLong_AsLongLong(args[2]);
@@ -1786,6 +1819,153 @@ static PyObject *Step_go(Step *s, PyObject *const *args, Py_ssize_t nargs) {
     s->seq = seq;
     Area *area = (Area *)Py_NewRef(s->area);
     PyObject *result = step_go(s, area, args[0], f, seq);
+    Py_DECREF(area);
+    return result;
+}
+
+static PyObject *Area_scatter_root(Area *a, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *Area_gather_root(Area *a, PyObject *const *args, Py_ssize_t nargs);
+
+/* The root's call numbered (f, seq): (1, result) with result True or (f, seq, how, bad)
+ * (see run_root); NULL on an error. */
+static PyObject *root_go(Step *s, Area *area, PyObject *out, PyObject *inp, long long f,
+                         long long seq) {
+    long how = -1, bad = -1;
+    int unusual = step_unusual(s, f, !s->scatter);
+    if (unusual < 0)
+        return NULL;
+    PyObject *last_list = NULL, *now = NULL, *fo = NULL, *so = NULL, *result = NULL;
+    if (!unusual) {
+        if (PyObject_SetAttr(s->rooted, s_behind, Py_None) < 0)
+            goto done;
+        last_list = PyObject_GetAttr(s->rooted, s_last);
+        if (last_list == NULL)
+            goto done;
+        if (!PyList_Check(last_list) || PyList_GET_SIZE(last_list) != 2) {
+            PyErr_SetString(PyExc_TypeError, "minidist._core.Step: the area's last calls");
+            goto done;
+        }
+        int reused = step_reused(s, area, PyList_GET_ITEM(last_list, f & 1));
+        if (reused < 0)
+            goto done;
+        if (reused) {
+            fo = PyLong_FromLongLong(f);
+            so = PyLong_FromLongLong(seq);
+            if (fo == NULL || so == NULL)
+                goto done;
+            now = PyTuple_Pack(3, fo, s->kind, s->groot);
+            if (now == NULL || PyList_SetItem(last_list, f & 1, Py_NewRef(now)) < 0)
+                goto done;
+            if (s->scatter) {
+                PyObject *a[6] = {fo, s->key, so, inp, out, s->nb};
+                PyObject *r = Area_scatter_root(area, a, 6);
+                if (r == NULL)
+                    goto done;
+                Py_DECREF(r);
+                PyObject *call = PyObject_CallOneArg(s->make_call, so);
+                if (call == NULL)
+                    goto done;
+                PyObject *pending = PyTuple_Pack(3, fo, s->key, call);
+                Py_DECREF(call);
+                int bad_set = pending == NULL ||
+                              PyObject_SetAttr(s->rooted, s_pending, pending) < 0;
+                Py_XDECREF(pending);
+                if (bad_set)
+                    goto done;
+                how = DONE;
+            } else {
+                PyObject *pending = PyObject_GetAttr(s->rooted, s_pending);
+                if (pending == NULL)
+                    goto done;
+                PyObject *pf, *pkey;
+                if (pending == Py_None) {
+                    pf = PyLong_FromLong(-1);
+                    pkey = Py_NewRef(s->key); /* (not read: no scatter pending) */
+                } else if (PyTuple_Check(pending) && PyTuple_GET_SIZE(pending) == 3) {
+                    pf = Py_NewRef(PyTuple_GET_ITEM(pending, 0));
+                    pkey = Py_NewRef(PyTuple_GET_ITEM(pending, 1));
+                } else {
+                    Py_DECREF(pending);
+                    PyErr_SetString(PyExc_TypeError, "minidist._core.Step: a pending scatter");
+                    goto done;
+                }
+                Py_DECREF(pending);
+                PyObject *a[9] = {fo, s->key, so, inp, out, s->nb, pf, pkey, s->nap};
+                PyObject *r = pf == NULL ? NULL : Area_gather_root(area, a, 9);
+                Py_XDECREF(pf);
+                Py_DECREF(pkey);
+                if (r == NULL)
+                    goto done;
+                int parsed = PyArg_ParseTuple(r, "ll", &how, &bad);
+                Py_DECREF(r);
+                if (!parsed)
+                    goto done;
+                if (how == DONE && PyObject_SetAttr(s->rooted, s_pending, Py_None) < 0)
+                    goto done;
+            }
+        }
+    }
+    if (how == DONE) {
+        PyObject *next = PyLong_FromLongLong(f + 1);
+        int failed = next == NULL || PyDict_SetItem(s->turns, s->gid, next) < 0;
+        if (!failed) {
+            int waiting = attr_true(s->calls, s_waiting);
+            if (waiting > 0) {
+                PyObject *r = PyObject_CallMethodObjArgs(s->calls, s_turn_done, s->gid, next,
+                                                         NULL);
+                Py_XDECREF(r);
+                failed = r == NULL;
+            } else {
+                failed = waiting < 0;
+            }
+        }
+        Py_XDECREF(next);
+        if (!failed)
+            result = Py_NewRef(Py_True);
+    } else {
+        result = Py_BuildValue("(LLll)", f, seq, how, bad);
+    }
+done:
+    Py_XDECREF(last_list);
+    Py_XDECREF(now);
+    Py_XDECREF(fo);
+    Py_XDECREF(so);
+    return result;
+}
+
+/* run_root(out, inp, root, group) on the root's step -> True (done), None (not this call:
+ * nothing done) or (f, seq, how, bad): numbered, and Python goes on: how < 0, nothing run
+ * yet (the general run, or a wait for the area to be read first); else the answer of the
+ * gather's root to finish (WAIT_MORE, SETTLE_LATE, SETTLE_DIFFERS, DIFFER; bad: the
+ * rank that differs). A scatter's root leaves its call pending, as
+ * minidist.fast_rooted.Rooted.scatter_root does. */
+static PyObject *Step_run_root(Step *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !s->is_root) {
+        PyErr_SetString(PyExc_TypeError, "run_root(out, inp, root, group) on a root's step");
+        return NULL;
+    }
+    s->f = s->seq = -1;
+    if (s->area == NULL)
+        Py_RETURN_NONE;
+    Area *area = (Area *)Py_NewRef(s->area);
+    PyObject *result = NULL;
+    Py_ssize_t whole = s->nbytes * area->n;
+    int fits = step_call_fits(s, args[2], args[3]);
+    if (fits > 0)
+        fits = step_array_fits(s, args[0], s->shape, s->scatter ? s->nbytes : whole, 1);
+    if (fits > 0)
+        fits = step_array_fits(s, args[1], s->in_shape, s->scatter ? whole : s->nbytes, 0);
+    if (fits <= 0) {
+        result = fits < 0 ? NULL : Py_NewRef(Py_None);
+    } else {
+        long long f = step_count(s->numbers, s->gid, 1);
+        long long seq = f < 0 ? -1 : step_count(s->entered, s->gid, 0);
+        if (seq >= 0) {
+            s->f = f;
+            s->seq = seq;
+            result = root_go(s, area, args[0], args[1], f, seq);
+        }
+    }
     Py_DECREF(area);
     return result;
 }
@@ -1814,6 +1994,7 @@ static PyMethodDef Step_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Step_run, METH_FASTCALL, NULL},
     {"number", (PyCFunction)(void (*)(void))Step_number, METH_FASTCALL, NULL},
     {"go", (PyCFunction)(void (*)(void))Step_go, METH_FASTCALL, NULL},
+    {"run_root", (PyCFunction)(void (*)(void))Step_run_root, METH_FASTCALL, NULL},
     {"drop", (PyCFunction)Step_drop, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };

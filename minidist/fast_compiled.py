@@ -45,17 +45,22 @@ class CompiledRoles:
 
     def core_gather_root(self, f: int, head: int, key: bytes, deadline: float,
                           hooks: Hooks, call, src: np.ndarray, out: np.ndarray,
-                          nb: int) -> None:
+                          nb: int, first: tuple[int, int] | None = None) -> None:
         """:meth:`gather_root` by the compiled core, with this rank's pending scatter
         settled on the way; when the scatter's receivers were not all through it, the
         core leaves the call, its arrivals counted, to the Python steps after
-        :meth:`_collect`'s wait, here."""
+        :meth:`_collect`'s wait, here. ``first``: the core's answer to a first try
+        already made (by a :class:`minidist._core.Step`), to go on from."""
         pending = self.pending
         pf, pkey = (pending[0], pending[1]) if pending is not None else (-1, b"")
         number, parity = (f + 1) & 0x7FFFFFFF, f & 1
         while True:
-            got, bad = self.core.gather_root(f, key, call.seq, src, out, nb, pf, pkey,
-                                             min(fastpath.SLICE, deadline - time.monotonic()))
+            if first is not None:
+                (got, bad), first = first, None
+            else:
+                got, bad = self.core.gather_root(
+                    f, key, call.seq, src, out, nb, pf, pkey,
+                    min(fastpath.SLICE, deadline - time.monotonic()))
             if got != _WAIT_MORE:
                 break
             self._wait((head + ARRIVED) >> 2, self.size - 1, None, None, parity, number,

@@ -85,18 +85,23 @@ class Repeat:
         _all.add(self)
 
     def _compiled_step(self, door: Any) -> Any:
-        """A worker's call as the compiled core's :class:`minidist._core.Step` (its
-        checks, numbering, unusual cases and role in one C call); None on the root, on
-        the pure core, or if the planner does not number calls as that step does."""
+        """The call as the compiled core's :class:`minidist._core.Step` (its checks,
+        numbering, unusual cases and role in one C call; a root's step has its two
+        arrays' shapes and makes the call its scatter leaves pending); None on the pure
+        core, or if the planner does not number calls as that step does."""
         planner = self.planner.fast_planner
-        if _STEP is None or self.core is None or self.is_root or \
+        if _STEP is None or self.core is None or \
                 not planner.numbers_calls_by(self.engine.next_seq):
             return None
-        return _STEP(self.core, self.scatter, self.scatter, self.root, self.nb, self.nap,
-                     self.kind, self.group, self.g, self.planner, np.ndarray, self.dtype,
-                     self.out_shape if self.scatter else self.in_shape, self.key, self.groot,
-                     self.gid, planner.numbers, self.engine.entered, self.turns,
-                     self.engine, self.fast, self.rooted, self.slots, self.calls)
+        if self.is_root:
+            first, extra = self.out_shape, ((self.in_shape, self._call),)
+        else:
+            first, extra = self.out_shape if self.scatter else self.in_shape, ()
+        return _STEP(self.core, self.scatter, self.scatter or self.is_root, self.root,
+                     self.nb, self.nap, self.kind, self.group, self.g, self.planner,
+                     np.ndarray, self.dtype, first, self.key, self.groot, self.gid,
+                     planner.numbers, self.engine.entered, self.turns, self.engine,
+                     self.fast, self.rooted, self.slots, self.calls, *extra)
 
     def _views(self, rooted: Any, root: int) -> tuple:
         """Per parity: (the root's header, this rank's header) offsets, every rank's
@@ -255,7 +260,9 @@ class Repeat:
     def again(self, output: object, input: object, root: int, group: object) -> bool:
         """Number and run the call (a scatter's or gather's own arrays, as the blocking
         API takes them) if it is this one again (True); else nothing (False)."""
-        if self.step is not None:  # an env worker's step, in one call into the core
+        if self.step is not None:  # in one call into the core
+            if self.is_root:
+                return self.root_stepped(output, input, root, group)
             return self.stepped(output if self.scatter else input, root, group)
         if self.core is not None and not self.is_root:  # an env worker's step
             arr = output if self.scatter else input
@@ -290,6 +297,43 @@ class Repeat:
         if got is not True:
             self._step_on(arr, got)
         return True
+
+    def root_stepped(self, out: object, inp: object, root: object, group: object) -> bool:
+        """The root's call by its step, if it is this one again (True); else nothing
+        (False). What the step hands back numbered goes on here."""
+        step = self.step
+        try:
+            got = step.run_root(out, inp, root, group)
+        except BaseException as e:
+            numbered = step.numbered
+            if numbered is not None:
+                self._failed(self._call(numbered[1]), e, numbered[0])
+            raise
+        if got is None:
+            return False
+        if got is not True:
+            self._root_on(out, inp, got)
+        return True
+
+    def _root_on(self, out: np.ndarray, inp: np.ndarray,
+                 got: tuple[int, int, int, int]) -> None:
+        """The rest of a root's call its step handed back numbered: (f, seq, how, bad)
+        (how < 0: nothing run yet; else the gather's root's first answer)."""
+        f, seq, how, bad = got
+        if how < 0:
+            self.go((f, seq, out, inp))
+            return
+        call = self._call(seq)
+        rooted = self.rooted
+        try:
+            rooted.core_gather_root(f, self.heads[f & 1][0], self.key,
+                                    time.monotonic() - self.nap + self.timeout, self.hooks,
+                                    call, inp, out.reshape(rooted.size, self.count), self.nb,
+                                    first=(how, bad))
+        except BaseException as e:
+            self._failed(call, e, f)
+            raise
+        self.calls.turn_done(self.gid, f + 1)
 
     def step_numbered(self, arr: np.ndarray, job: tuple[int, int]) -> None:
         """Run a call that the step's ``number`` numbered (``job``: (f, seq)) with

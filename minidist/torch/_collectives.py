@@ -398,7 +398,7 @@ def again_sent(kind: str, t: object, ts: object, root: int, g: Group | None) -> 
         return False
     if not r.is_root and ts is not None and (type(ts) not in (list, tuple) or ts):
         return False  # the general path says what is wrong (an empty list is None)
-    if r.step is not None:  # an env worker's step: numbered under the lock, then run
+    if r.step is not None and not r.is_root:  # a worker: numbered under the lock, then run
         with _order:
             job = r.step.number(arr, root, g)
         if job is None:

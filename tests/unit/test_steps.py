@@ -223,3 +223,85 @@ def test_a_step_refuses_a_layout_that_does_not_fit(world):
         wrong[at] = bad
         with pytest.raises((ValueError, TypeError)):
             STEP(*wrong)
+
+
+def root_step(st, kind: int, out: np.ndarray, inp: np.ndarray, nap: float = 0.05):
+    made = []
+
+    def make_call(seq):
+        made.append(seq)
+        return ("call", seq)
+
+    st.made = made
+    return STEP(st.areas[0].core, kind == SCATTER, True, 0, COUNT * 4, nap, kind, None, st.g,
+                st.planner, np.ndarray, np.dtype(np.int32), out.shape,
+                signature(_call(kind, 0), 0), 0, GID, st.numbers, st.entered, st.turns,
+                st.engine, st.fast, st.areas[0], st.slots, st.calls, (inp.shape, make_call))
+
+
+def worker_gather(st, r: int, f: int, values: np.ndarray, kind: int = GATHER) -> None:
+    st.areas[r].core.gather_send(f, 0, signature(_call(kind, 0), 0), 0, values, COUNT * 4)
+
+
+def test_a_root_scatter_step_sends_every_row_and_leaves_its_call_pending(world):
+    st = world
+    src = np.arange(N * COUNT, dtype=np.int32).reshape(N, COUNT)
+    mine = np.zeros(COUNT, np.int32)
+    s = root_step(st, SCATTER, mine, src)
+    assert s.run_root(mine, src, 0, None) is True
+    assert mine.tolist() == src[0].tolist() and st.made == [0]
+    assert st.areas[0].pending[0] == 0 and st.areas[0].pending[2] == ("call", 0)
+    assert st.turns[GID] == 1 and st.areas[0].last[0] == (0, SCATTER, 0)
+    got = np.zeros(COUNT, np.int32)  # what rank 1 takes
+    assert st.areas[1].core.scatter_recv(0, 0, signature(_call(SCATTER, 0), 0), 0, got,
+                                         COUNT * 4, 0.05) == DONE
+    assert got.tolist() == src[1].tolist()
+
+
+def test_a_root_gather_step_collects_every_row_and_settles_its_scatter(world):
+    st = world
+    mine = np.zeros(COUNT, np.int32)
+    src = np.arange(N * COUNT, dtype=np.int32).reshape(N, COUNT)
+    scatter = root_step(st, SCATTER, mine, src)
+    assert scatter.run_root(mine, src, 0, None) is True
+    for r in (1, 2):  # the workers take their rows, then send theirs
+        got = np.zeros(COUNT, np.int32)
+        st.areas[r].core.scatter_recv(0, 0, signature(_call(SCATTER, 0), 0), 0, got,
+                                      COUNT * 4, 0.05)
+        worker_gather(st, r, 1, got * 10)
+    out = np.zeros((N, COUNT), np.int32)
+    gather = root_step(st, GATHER, out, mine)
+    assert gather.run_root(out, mine, 0, None) is True
+    assert out[1:].tolist() == (src[1:] * 10).tolist() and out[0].tolist() == mine.tolist()
+    assert st.areas[0].pending is None and st.turns[GID] == 2
+
+
+def test_a_root_gather_step_hands_back_a_wait_and_a_mismatch(world):
+    st = world
+    mine = np.zeros(COUNT, np.int32)
+    out = np.zeros((N, COUNT), np.int32)
+    gather = root_step(st, GATHER, out, mine, nap=0.02)
+    worker_gather(st, 1, 0, np.ones(COUNT, np.int32))  # rank 2 has not sent yet
+    assert gather.run_root(out, mine, 0, None) == (0, 0, WAIT_MORE, -1)
+    worker_gather(st, 2, 0, np.ones(COUNT, np.int32), kind=SCATTER)  # another call
+    st.numbers[GID] = st.turns[GID] = 0
+    st.areas[0].last[0] = None
+    got = gather.run_root(out, mine, 0, None)
+    assert got[2] == DIFFER and got[3] == 2 and out.tolist() == [[0] * COUNT] * N
+
+
+def test_a_root_step_leaves_other_calls_alone_and_refuses_a_workers_methods(world):
+    st = world
+    src = np.zeros((N, COUNT), np.int32)
+    mine = np.zeros(COUNT, np.int32)
+    s = root_step(st, SCATTER, mine, src)
+    assert s.run_root(mine, src.reshape(-1), 0, None) is None  # the input's shape
+    assert s.run_root(np.zeros(COUNT, np.int64), src, 0, None) is None
+    assert st.numbers == {} and dict(st.entered) == {}
+    st.areas[0].pending = (5, b"k" * 28, None)  # a scatter still to settle: unusual
+    assert s.run_root(mine, src, 0, None) == (0, 0, -1, -1)
+    with pytest.raises(TypeError):
+        s.run(mine, 0, None)
+    worker = step(st, SCATTER, mine)
+    with pytest.raises(TypeError):
+        worker.run_root(mine, src, 0, None)
