@@ -1939,6 +1939,31 @@ done:
  * gather's root to finish (WAIT_MORE, SETTLE_LATE, SETTLE_DIFFERS, DIFFER; bad: the
  * rank that differs). A scatter's root leaves its call pending, as
  * minidist.fast_rooted.Rooted.scatter_root does. */
+/* The root's checks and numbering (s->f, s->seq): 1, 0 (not this call: nothing done), -1. */
+static int root_number(Step *s, Area *area, PyObject *const *args) {
+    Py_ssize_t whole = s->nbytes * area->n;
+    int fits = step_call_fits(s, args[2], args[3]);
+    if (fits > 0)
+        fits = step_array_fits(s, args[0], s->shape, s->scatter ? s->nbytes : whole, 1);
+    if (fits > 0)
+        fits = step_array_fits(s, args[1], s->in_shape, s->scatter ? whole : s->nbytes, 0);
+    if (fits <= 0)
+        return fits;
+    long long f = step_count(s->numbers, s->gid, 1);
+    long long seq = f < 0 ? -1 : step_count(s->entered, s->gid, 0);
+    if (seq < 0)
+        return -1;
+    s->f = f;
+    s->seq = seq;
+    return 1;
+}
+
+/* run_root(out, inp, root, group) on the root's step -> True (done), None (not this call:
+ * nothing done) or (f, seq, how, bad): numbered, and Python goes on: how < 0, nothing run
+ * yet (the general run, or a wait for the area to be read first); else the answer of the
+ * gather's root to finish (WAIT_MORE, SETTLE_LATE, SETTLE_DIFFERS, DIFFER; bad: the
+ * rank that differs). A scatter's root leaves its call pending, as
+ * minidist.fast_rooted.Rooted.scatter_root does. */
 static PyObject *Step_run_root(Step *s, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 || !s->is_root) {
         PyErr_SetString(PyExc_TypeError, "run_root(out, inp, root, group) on a root's step");
@@ -1948,24 +1973,51 @@ static PyObject *Step_run_root(Step *s, PyObject *const *args, Py_ssize_t nargs)
     if (s->area == NULL)
         Py_RETURN_NONE;
     Area *area = (Area *)Py_NewRef(s->area);
-    PyObject *result = NULL;
-    Py_ssize_t whole = s->nbytes * area->n;
-    int fits = step_call_fits(s, args[2], args[3]);
-    if (fits > 0)
-        fits = step_array_fits(s, args[0], s->shape, s->scatter ? s->nbytes : whole, 1);
-    if (fits > 0)
-        fits = step_array_fits(s, args[1], s->in_shape, s->scatter ? whole : s->nbytes, 0);
-    if (fits <= 0) {
-        result = fits < 0 ? NULL : Py_NewRef(Py_None);
-    } else {
-        long long f = step_count(s->numbers, s->gid, 1);
-        long long seq = f < 0 ? -1 : step_count(s->entered, s->gid, 0);
-        if (seq >= 0) {
-            s->f = f;
-            s->seq = seq;
-            result = root_go(s, area, args[0], args[1], f, seq);
-        }
+    int numbered = root_number(s, area, args);
+    PyObject *result = numbered <= 0 ? (numbered < 0 ? NULL : Py_NewRef(Py_None))
+                                     : root_go(s, area, args[0], args[1], s->f, s->seq);
+    Py_DECREF(area);
+    return result;
+}
+
+/* number_root(out, inp, root, group) -> (f, seq) or None: run_root's checks and
+ * numbering alone (for a caller that numbers under a lock of its own). */
+static PyObject *Step_number_root(Step *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !s->is_root) {
+        PyErr_SetString(PyExc_TypeError, "number_root(out, inp, root, group) on a root's step");
+        return NULL;
     }
+    s->f = s->seq = -1;
+    if (s->area == NULL)
+        Py_RETURN_NONE;
+    Area *area = (Area *)Py_NewRef(s->area);
+    int numbered = root_number(s, area, args);
+    Py_DECREF(area);
+    if (numbered <= 0)
+        return numbered < 0 ? NULL : Py_NewRef(Py_None);
+    return Py_BuildValue("(LL)", s->f, s->seq);
+}
+
+/* go_root(out, inp, f, seq) -> True or (f, seq, how, bad), as run_root answers, for a
+ * call number_root() numbered with these arrays. */
+static PyObject *Step_go_root(Step *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !s->is_root) {
+        PyErr_SetString(PyExc_TypeError, "go_root(out, inp, f, seq) on a root's step");
+        return NULL;
+    }
+    long long f = PyLong_AsLongLong(args[2]), seq = PyLong_AsLongLong(args[3]);
+    if ((f == -1 || seq == -1) && PyErr_Occurred())
+        return NULL;
+    if (f < 0 || seq < 0) {
+        PyErr_SetString(PyExc_ValueError, "minidist._core.Step: a negative number");
+        return NULL;
+    }
+    if (s->area == NULL)
+        return Py_BuildValue("(LLll)", f, seq, -1L, -1L);
+    s->f = f;
+    s->seq = seq;
+    Area *area = (Area *)Py_NewRef(s->area);
+    PyObject *result = root_go(s, area, args[0], args[1], f, seq);
     Py_DECREF(area);
     return result;
 }
@@ -1995,6 +2047,8 @@ static PyMethodDef Step_methods[] = {
     {"number", (PyCFunction)(void (*)(void))Step_number, METH_FASTCALL, NULL},
     {"go", (PyCFunction)(void (*)(void))Step_go, METH_FASTCALL, NULL},
     {"run_root", (PyCFunction)(void (*)(void))Step_run_root, METH_FASTCALL, NULL},
+    {"number_root", (PyCFunction)(void (*)(void))Step_number_root, METH_FASTCALL, NULL},
+    {"go_root", (PyCFunction)(void (*)(void))Step_go_root, METH_FASTCALL, NULL},
     {"drop", (PyCFunction)Step_drop, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };

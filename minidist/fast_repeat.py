@@ -315,6 +315,17 @@ class Repeat:
             self._root_on(out, inp, got)
         return True
 
+    def root_numbered(self, out: np.ndarray, inp: np.ndarray, job: tuple[int, int]) -> None:
+        """Run a root's call that the step's ``number_root`` numbered (``job``: (f,
+        seq)) with these arrays, as :meth:`root_stepped` runs it."""
+        try:
+            got = self.step.go_root(out, inp, *job)
+        except BaseException as e:
+            self._failed(self._call(job[1]), e, job[0])
+            raise
+        if got is not True:
+            self._root_on(out, inp, got)
+
     def _root_on(self, out: np.ndarray, inp: np.ndarray,
                  got: tuple[int, int, int, int]) -> None:
         """The rest of a root's call its step handed back numbered: (f, seq, how, bad)

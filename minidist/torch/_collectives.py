@@ -429,12 +429,19 @@ def again_sent(kind: str, t: object, ts: object, root: int, g: Group | None) -> 
             out, inp = lv.rows, arr
     else:
         out, inp = (arr, None) if kind == "scatter" else (None, arr)
-    with _order:
-        if not r.fits(g, root, out, inp):
-            return False
-        job = r.number(out, inp)
     try:
-        r.go(job)
+        if r.step is not None and r.is_root:  # numbered under the lock, run outside it
+            with _order:
+                job = r.step.number_root(out, inp, root, g)
+            if job is None:
+                return False
+            r.root_numbered(out, inp, job)
+        else:
+            with _order:
+                if not r.fits(g, root, out, inp):
+                    return False
+                job = r.number(out, inp)
+            r.go(job)
     except DistTimeoutError as e:
         raise torch_worded(e) from e.__cause__
     if lv is not None and kind == "gather":

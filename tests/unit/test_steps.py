@@ -305,3 +305,16 @@ def test_a_root_step_leaves_other_calls_alone_and_refuses_a_workers_methods(worl
     worker = step(st, SCATTER, mine)
     with pytest.raises(TypeError):
         worker.run_root(mine, src, 0, None)
+
+
+def test_a_root_step_numbered_under_a_lock_then_run(world):
+    st = world
+    src = np.arange(N * COUNT, dtype=np.int32).reshape(N, COUNT)
+    mine = np.zeros(COUNT, np.int32)
+    s = root_step(st, SCATTER, mine, src)
+    assert s.number_root(mine, src.astype(np.int64), 0, None) is None
+    job = s.number_root(mine, src, 0, None)
+    assert job == (0, 0) and st.turns == {}
+    assert s.go_root(mine, src, *job) is True and mine.tolist() == src[0].tolist()
+    s.drop()
+    assert s.go_root(mine, src, 1, 1) == (1, 1, -1, -1)
