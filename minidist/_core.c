@@ -1418,7 +1418,7 @@ typedef struct {
     PyObject *kind, *group_arg, *g, *planner, *ndarray, *dtype, *shape, *key, *groot, *gid,
         *numbers, *entered, *turns, *engine, *fast, *rooted, *slots, *calls, *nb, *nap;
     long long f, seq; /* the call numbered by the last run (f < 0: it numbered none) */
-    /* the root's step (run_root): the shape of its other array (a scatter's input, a
+    /* the root's step: the shape of its other array (a scatter's input, a
      * gather's output; `shape` is the first's) and how a call is made for its
      * pending scatter (minidist.fast_repeat.Repeat._call) */
     int is_root;
@@ -1692,253 +1692,170 @@ static int step_number(Step *s, PyObject *const *args) {
     return 1;
 }
 
+/* The area for call (f, seq), if whoever read what it overwrites is done (step_reused):
+ * the area's last call of its parity becomes this one, and *fo, *so its numbers as
+ * objects (1); 0 if the area is still being read (nothing changed); -1 on an error. */
+static int step_take_area(Step *s, Area *area, long long f, long long seq, PyObject **fo,
+                          PyObject **so) {
+    PyObject *last_list = PyObject_GetAttr(s->rooted, s_last), *now = NULL;
+    int taken = -1;
+    if (last_list == NULL)
+        return -1;
+    if (!PyList_Check(last_list) || PyList_GET_SIZE(last_list) != 2) {
+        PyErr_SetString(PyExc_TypeError, "minidist._core.Step: the area's last calls");
+        goto done;
+    }
+    int reused = step_reused(s, area, PyList_GET_ITEM(last_list, f & 1));
+    if (reused <= 0) {
+        taken = reused;
+        goto done;
+    }
+    *fo = PyLong_FromLongLong(f);
+    *so = PyLong_FromLongLong(seq);
+    if (*fo == NULL || *so == NULL)
+        goto done;
+    now = PyTuple_Pack(3, *fo, s->kind, s->groot);
+    if (now != NULL && PyList_SetItem(last_list, f & 1, Py_NewRef(now)) == 0)
+        taken = 1;
+done:
+    Py_DECREF(last_list);
+    Py_XDECREF(now);
+    return taken;
+}
+
+/* Call f is done here: the group's next call's turn (FastCalls.turn_done). 0, or -1. */
+static int step_pass_turn(Step *s, long long f) {
+    PyObject *next = PyLong_FromLongLong(f + 1);
+    int failed = next == NULL || PyDict_SetItem(s->turns, s->gid, next) < 0;
+    if (!failed) {
+        int waiting = attr_true(s->calls, s_waiting);
+        if (waiting > 0) {
+            PyObject *r = PyObject_CallMethodObjArgs(s->calls, s_turn_done, s->gid, next, NULL);
+            Py_XDECREF(r);
+            failed = r == NULL;
+        } else {
+            failed = waiting < 0;
+        }
+    }
+    Py_XDECREF(next);
+    return failed ? -1 : 0;
+}
+
 /* Run the call numbered (f, seq) with `arr`: True, or (f, seq, how) (see run). */
 static PyObject *step_go(Step *s, Area *area, PyObject *arr, long long f, long long seq) {
-    PyObject *args[1] = {arr};
     long how = -1;
     int unusual = step_unusual(s, f, 0);
     if (unusual < 0)
         return NULL;
-    PyObject *last_list = NULL, *now = NULL, *fo = NULL, *so = NULL, *result = NULL;
-    if (!unusual) {
-        last_list = PyObject_GetAttr(s->rooted, s_last);
-        if (last_list == NULL)
-            goto done;
-        if (!PyList_Check(last_list) || PyList_GET_SIZE(last_list) != 2) {
-            PyErr_SetString(PyExc_TypeError, "minidist._core.Step: the area's last calls");
-            goto done;
+    PyObject *fo = NULL, *so = NULL, *result = NULL;
+    int taken = unusual ? 0 : step_take_area(s, area, f, seq, &fo, &so);
+    if (taken < 0)
+        goto done;
+    if (taken) {
+        PyObject *got;
+        if (s->scatter) {
+            PyObject *a[7] = {fo, s->groot, s->key, so, arr, s->nb, s->nap};
+            got = Area_scatter_recv(area, a, 7);
+        } else {
+            PyObject *a[6] = {fo, s->groot, s->key, so, arr, s->nb};
+            got = Area_gather_send(area, a, 6);
         }
-        int reused = step_reused(s, area, PyList_GET_ITEM(last_list, f & 1));
-        if (reused < 0)
+        if (got == NULL)
             goto done;
-        if (reused) {
-            fo = PyLong_FromLongLong(f);
-            so = PyLong_FromLongLong(seq);
-            if (fo == NULL || so == NULL)
-                goto done;
-            now = PyTuple_Pack(3, fo, s->kind, s->groot);
-            if (now == NULL || PyList_SetItem(last_list, f & 1, Py_NewRef(now)) < 0)
-                goto done;
-            PyObject *got;
-            if (s->scatter) {
-                PyObject *a[7] = {fo, s->groot, s->key, so, args[0], s->nb, s->nap};
-                got = Area_scatter_recv(area, a, 7);
-            } else {
-                PyObject *a[6] = {fo, s->groot, s->key, so, args[0], s->nb};
-                got = Area_gather_send(area, a, 6);
-            }
-            if (got == NULL)
-                goto done;
-            how = PyLong_AsLong(got);
-            Py_DECREF(got);
-            if (how == -1 && PyErr_Occurred())
-                goto done;
-        }
+        how = PyLong_AsLong(got);
+        Py_DECREF(got);
+        if (how == -1 && PyErr_Occurred())
+            goto done;
     }
     if (how == DONE) {
         PyObject *behind = PyTuple_Pack(2, fo, s->groot);
-        PyObject *next = PyLong_FromLongLong(f + 1);
-        int bad = behind == NULL || next == NULL ||
-                  PyObject_SetAttr(s->rooted, s_behind, behind) < 0 ||
-                  PyDict_SetItem(s->turns, s->gid, next) < 0;
+        int failed = behind == NULL || PyObject_SetAttr(s->rooted, s_behind, behind) < 0 ||
+                     step_pass_turn(s, f) < 0;
         Py_XDECREF(behind);
-        if (!bad) {
-            int waiting = attr_true(s->calls, s_waiting);
-            if (waiting > 0) {
-                PyObject *r = PyObject_CallMethodObjArgs(s->calls, s_turn_done, s->gid, next,
-                                                         NULL);
-                Py_XDECREF(r);
-                bad = r == NULL;
-            } else {
-                bad = waiting < 0;
-            }
-        }
-        Py_XDECREF(next);
-        if (!bad)
+        if (!failed)
             result = Py_NewRef(Py_True);
     } else {
         result = Py_BuildValue("(LLl)", f, seq, how);
     }
 done:
-    Py_XDECREF(last_list);
-    Py_XDECREF(now);
     Py_XDECREF(fo);
     Py_XDECREF(so);
-    return result;
-}
-
-static PyObject *Step_run(Step *s, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || s->is_root) {
-        PyErr_SetString(PyExc_TypeError, "run(array, root, group) on a worker's step");
-        return NULL;
-    }
-    s->f = s->seq = -1;
-    if (s->area == NULL)
-        Py_RETURN_NONE;
-    Area *area = (Area *)Py_NewRef(s->area); /* (drop() from another thread meanwhile) */
-    int numbered = step_number(s, args);
-    PyObject *result = numbered <= 0 ? (numbered < 0 ? NULL : Py_NewRef(Py_None))
-                                     : step_go(s, area, args[0], s->f, s->seq);
-    Py_DECREF(area);
-    return result;
-}
-
-/* number(array, root, group) -> (f, seq) or None: run's checks and numbering alone (a
- * caller that numbers under a lock of its own, then runs the call by go() outside it). */
-static PyObject *Step_number(Step *s, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || s->is_root) {
-        PyErr_SetString(PyExc_TypeError, "number(array, root, group) on a worker's step");
-        return NULL;
-    }
-    s->f = s->seq = -1;
-    if (s->area == NULL)
-        Py_RETURN_NONE;
-    int numbered = step_number(s, args);
-    if (numbered <= 0)
-        return numbered < 0 ? NULL : Py_NewRef(Py_None);
-    return Py_BuildValue("(LL)", s->f, s->seq);
-}
-
-/* go(array, f, seq) -> True or (f, seq, how), as run answers, for a call number() numbered
- * with this array. */
-static PyObject *Step_go(Step *s, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || s->is_root) {
-        PyErr_SetString(PyExc_TypeError, "go(array, f, seq) on a worker's step");
-        return NULL;
-    }
-    long long f = PyLong_AsLongLong(args[1]), seq = PyLong_AsLongLong(args[2]);
-    if ((f == -1 || seq == -1) && PyErr_Occurred())
-        return NULL;
-    if (f < 0 || seq < 0) {
-        PyErr_SetString(PyExc_ValueError, "minidist._core.Step: a negative number");
-        return NULL;
-    }
-    if (s->area == NULL)
-        return Py_BuildValue("(LLl)", f, seq, -1L);
-    s->f = f;
-    s->seq = seq;
-    Area *area = (Area *)Py_NewRef(s->area);
-    PyObject *result = step_go(s, area, args[0], f, seq);
-    Py_DECREF(area);
     return result;
 }
 
 static PyObject *Area_scatter_root(Area *a, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *Area_gather_root(Area *a, PyObject *const *args, Py_ssize_t nargs);
 
-/* The root's call numbered (f, seq): (1, result) with result True or (f, seq, how, bad)
- * (see run_root); NULL on an error. */
+/* The root's call numbered (f, seq): True or (f, seq, how, bad) (see run); NULL on
+ * an error. */
 static PyObject *root_go(Step *s, Area *area, PyObject *out, PyObject *inp, long long f,
                          long long seq) {
     long how = -1, bad = -1;
     int unusual = step_unusual(s, f, !s->scatter);
     if (unusual < 0)
         return NULL;
-    PyObject *last_list = NULL, *now = NULL, *fo = NULL, *so = NULL, *result = NULL;
-    if (!unusual) {
-        if (PyObject_SetAttr(s->rooted, s_behind, Py_None) < 0)
+    PyObject *fo = NULL, *so = NULL, *result = NULL;
+    if (!unusual && PyObject_SetAttr(s->rooted, s_behind, Py_None) < 0)
+        goto done;
+    int taken = unusual ? 0 : step_take_area(s, area, f, seq, &fo, &so);
+    if (taken < 0)
+        goto done;
+    if (taken && s->scatter) {
+        PyObject *a[6] = {fo, s->key, so, inp, out, s->nb};
+        PyObject *r = Area_scatter_root(area, a, 6);
+        if (r == NULL)
             goto done;
-        last_list = PyObject_GetAttr(s->rooted, s_last);
-        if (last_list == NULL)
+        Py_DECREF(r);
+        PyObject *call = PyObject_CallOneArg(s->make_call, so);
+        if (call == NULL)
             goto done;
-        if (!PyList_Check(last_list) || PyList_GET_SIZE(last_list) != 2) {
-            PyErr_SetString(PyExc_TypeError, "minidist._core.Step: the area's last calls");
+        PyObject *pending = PyTuple_Pack(3, fo, s->key, call);
+        Py_DECREF(call);
+        int failed = pending == NULL || PyObject_SetAttr(s->rooted, s_pending, pending) < 0;
+        Py_XDECREF(pending);
+        if (failed)
+            goto done;
+        how = DONE;
+    } else if (taken) {
+        PyObject *pending = PyObject_GetAttr(s->rooted, s_pending);
+        if (pending == NULL)
+            goto done;
+        PyObject *pf, *pkey;
+        if (pending == Py_None) {
+            pf = PyLong_FromLong(-1);
+            pkey = Py_NewRef(s->key); /* (not read: no scatter pending) */
+        } else if (PyTuple_Check(pending) && PyTuple_GET_SIZE(pending) == 3) {
+            pf = Py_NewRef(PyTuple_GET_ITEM(pending, 0));
+            pkey = Py_NewRef(PyTuple_GET_ITEM(pending, 1));
+        } else {
+            Py_DECREF(pending);
+            PyErr_SetString(PyExc_TypeError, "minidist._core.Step: a pending scatter");
             goto done;
         }
-        int reused = step_reused(s, area, PyList_GET_ITEM(last_list, f & 1));
-        if (reused < 0)
+        Py_DECREF(pending);
+        PyObject *a[9] = {fo, s->key, so, inp, out, s->nb, pf, pkey, s->nap};
+        PyObject *r = pf == NULL ? NULL : Area_gather_root(area, a, 9);
+        Py_XDECREF(pf);
+        Py_DECREF(pkey);
+        if (r == NULL)
             goto done;
-        if (reused) {
-            fo = PyLong_FromLongLong(f);
-            so = PyLong_FromLongLong(seq);
-            if (fo == NULL || so == NULL)
-                goto done;
-            now = PyTuple_Pack(3, fo, s->kind, s->groot);
-            if (now == NULL || PyList_SetItem(last_list, f & 1, Py_NewRef(now)) < 0)
-                goto done;
-            if (s->scatter) {
-                PyObject *a[6] = {fo, s->key, so, inp, out, s->nb};
-                PyObject *r = Area_scatter_root(area, a, 6);
-                if (r == NULL)
-                    goto done;
-                Py_DECREF(r);
-                PyObject *call = PyObject_CallOneArg(s->make_call, so);
-                if (call == NULL)
-                    goto done;
-                PyObject *pending = PyTuple_Pack(3, fo, s->key, call);
-                Py_DECREF(call);
-                int bad_set = pending == NULL ||
-                              PyObject_SetAttr(s->rooted, s_pending, pending) < 0;
-                Py_XDECREF(pending);
-                if (bad_set)
-                    goto done;
-                how = DONE;
-            } else {
-                PyObject *pending = PyObject_GetAttr(s->rooted, s_pending);
-                if (pending == NULL)
-                    goto done;
-                PyObject *pf, *pkey;
-                if (pending == Py_None) {
-                    pf = PyLong_FromLong(-1);
-                    pkey = Py_NewRef(s->key); /* (not read: no scatter pending) */
-                } else if (PyTuple_Check(pending) && PyTuple_GET_SIZE(pending) == 3) {
-                    pf = Py_NewRef(PyTuple_GET_ITEM(pending, 0));
-                    pkey = Py_NewRef(PyTuple_GET_ITEM(pending, 1));
-                } else {
-                    Py_DECREF(pending);
-                    PyErr_SetString(PyExc_TypeError, "minidist._core.Step: a pending scatter");
-                    goto done;
-                }
-                Py_DECREF(pending);
-                PyObject *a[9] = {fo, s->key, so, inp, out, s->nb, pf, pkey, s->nap};
-                PyObject *r = pf == NULL ? NULL : Area_gather_root(area, a, 9);
-                Py_XDECREF(pf);
-                Py_DECREF(pkey);
-                if (r == NULL)
-                    goto done;
-                int parsed = PyArg_ParseTuple(r, "ll", &how, &bad);
-                Py_DECREF(r);
-                if (!parsed)
-                    goto done;
-                if (how == DONE && PyObject_SetAttr(s->rooted, s_pending, Py_None) < 0)
-                    goto done;
-            }
-        }
+        int parsed = PyArg_ParseTuple(r, "ll", &how, &bad);
+        Py_DECREF(r);
+        if (!parsed || (how == DONE && PyObject_SetAttr(s->rooted, s_pending, Py_None) < 0))
+            goto done;
     }
     if (how == DONE) {
-        PyObject *next = PyLong_FromLongLong(f + 1);
-        int failed = next == NULL || PyDict_SetItem(s->turns, s->gid, next) < 0;
-        if (!failed) {
-            int waiting = attr_true(s->calls, s_waiting);
-            if (waiting > 0) {
-                PyObject *r = PyObject_CallMethodObjArgs(s->calls, s_turn_done, s->gid, next,
-                                                         NULL);
-                Py_XDECREF(r);
-                failed = r == NULL;
-            } else {
-                failed = waiting < 0;
-            }
-        }
-        Py_XDECREF(next);
-        if (!failed)
+        if (step_pass_turn(s, f) == 0)
             result = Py_NewRef(Py_True);
     } else {
         result = Py_BuildValue("(LLll)", f, seq, how, bad);
     }
 done:
-    Py_XDECREF(last_list);
-    Py_XDECREF(now);
     Py_XDECREF(fo);
     Py_XDECREF(so);
     return result;
 }
 
-/* run_root(out, inp, root, group) on the root's step -> True (done), None (not this call:
- * nothing done) or (f, seq, how, bad): numbered, and Python goes on: how < 0, nothing run
- * yet (the general run, or a wait for the area to be read first); else the answer of the
- * gather's root to finish (WAIT_MORE, SETTLE_LATE, SETTLE_DIFFERS, DIFFER; bad: the
- * rank that differs). A scatter's root leaves its call pending, as
- * minidist.fast_rooted.Rooted.scatter_root does. */
 /* The root's checks and numbering (s->f, s->seq): 1, 0 (not this call: nothing done), -1. */
 static int root_number(Step *s, Area *area, PyObject *const *args) {
     Py_ssize_t whole = s->nbytes * area->n;
@@ -1958,51 +1875,70 @@ static int root_number(Step *s, Area *area, PyObject *const *args) {
     return 1;
 }
 
-/* run_root(out, inp, root, group) on the root's step -> True (done), None (not this call:
- * nothing done) or (f, seq, how, bad): numbered, and Python goes on: how < 0, nothing run
- * yet (the general run, or a wait for the area to be read first); else the answer of the
- * gather's root to finish (WAIT_MORE, SETTLE_LATE, SETTLE_DIFFERS, DIFFER; bad: the
- * rank that differs). A scatter's root leaves its call pending, as
- * minidist.fast_rooted.Rooted.scatter_root does. */
-static PyObject *Step_run_root(Step *s, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !s->is_root) {
-        PyErr_SetString(PyExc_TypeError, "run_root(out, inp, root, group) on a root's step");
+/* Check and number a call (out, inp, root, group) on either side: 1, 0, -1. */
+static int step_numbers(Step *s, Area *area, PyObject *const *args) {
+    if (s->is_root)
+        return root_number(s, area, args);
+    PyObject *one[3] = {s->scatter ? args[0] : args[1], args[2], args[3]};
+    return step_number(s, one);
+}
+
+/* Run the call numbered (f, seq) on either side. */
+static PyObject *step_goes(Step *s, Area *area, PyObject *out, PyObject *inp, long long f,
+                           long long seq) {
+    if (s->is_root)
+        return root_go(s, area, out, inp, f, seq);
+    return step_go(s, area, s->scatter ? out : inp, f, seq);
+}
+
+/* run(out, inp, root, group), a scatter's or gather's own arrays as the blocking API takes
+ * them (a worker's other one is None) -> True (done), None (not this call: nothing done)
+ * or the call numbered, for Python to go on: a worker's (f, seq, how): how < 0, nothing
+ * run yet (the general run, or a wait for the area to be read first), else the core's
+ * answer to finish (WAIT_MORE, DIFFER); a root's (f, seq, how, bad): how < 0 as a
+ * worker's, else the answer of the gather's root (WAIT_MORE, SETTLE_LATE, SETTLE_DIFFERS,
+ * DIFFER; bad: the rank that differs). A scatter's root leaves its call pending, as
+ * minidist.fast_rooted.Rooted.scatter_root does. An exception after the numbering leaves
+ * (f, seq) in `numbered`. */
+static PyObject *Step_run(Step *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "run(out, inp, root, group)");
         return NULL;
     }
     s->f = s->seq = -1;
     if (s->area == NULL)
         Py_RETURN_NONE;
-    Area *area = (Area *)Py_NewRef(s->area);
-    int numbered = root_number(s, area, args);
+    Area *area = (Area *)Py_NewRef(s->area); /* (drop() from another thread meanwhile) */
+    int numbered = step_numbers(s, area, args);
     PyObject *result = numbered <= 0 ? (numbered < 0 ? NULL : Py_NewRef(Py_None))
-                                     : root_go(s, area, args[0], args[1], s->f, s->seq);
+                                     : step_goes(s, area, args[0], args[1], s->f, s->seq);
     Py_DECREF(area);
     return result;
 }
 
-/* number_root(out, inp, root, group) -> (f, seq) or None: run_root's checks and
- * numbering alone (for a caller that numbers under a lock of its own). */
-static PyObject *Step_number_root(Step *s, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !s->is_root) {
-        PyErr_SetString(PyExc_TypeError, "number_root(out, inp, root, group) on a root's step");
+/* number(out, inp, root, group) -> (f, seq) or None: run's checks and numbering alone
+ * (for a caller that numbers under a lock of its own, then runs the call by go()). */
+static PyObject *Step_number(Step *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "number(out, inp, root, group)");
         return NULL;
     }
     s->f = s->seq = -1;
     if (s->area == NULL)
         Py_RETURN_NONE;
     Area *area = (Area *)Py_NewRef(s->area);
-    int numbered = root_number(s, area, args);
+    int numbered = step_numbers(s, area, args);
     Py_DECREF(area);
     if (numbered <= 0)
         return numbered < 0 ? NULL : Py_NewRef(Py_None);
     return Py_BuildValue("(LL)", s->f, s->seq);
 }
 
-/* go_root(out, inp, f, seq) -> True or (f, seq, how, bad), as run_root answers, for a
- * call number_root() numbered with these arrays. */
-static PyObject *Step_go_root(Step *s, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !s->is_root) {
-        PyErr_SetString(PyExc_TypeError, "go_root(out, inp, f, seq) on a root's step");
+/* go(out, inp, f, seq) -> what run answers, for a call number() numbered with these
+ * arrays; a dropped step answers it numbered, nothing run. */
+static PyObject *Step_go(Step *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "go(out, inp, f, seq)");
         return NULL;
     }
     long long f = PyLong_AsLongLong(args[2]), seq = PyLong_AsLongLong(args[3]);
@@ -2013,11 +1949,12 @@ static PyObject *Step_go_root(Step *s, PyObject *const *args, Py_ssize_t nargs) 
         return NULL;
     }
     if (s->area == NULL)
-        return Py_BuildValue("(LLll)", f, seq, -1L, -1L);
+        return s->is_root ? Py_BuildValue("(LLll)", f, seq, -1L, -1L)
+                          : Py_BuildValue("(LLl)", f, seq, -1L);
     s->f = f;
     s->seq = seq;
     Area *area = (Area *)Py_NewRef(s->area);
-    PyObject *result = root_go(s, area, args[0], args[1], f, seq);
+    PyObject *result = step_goes(s, area, args[0], args[1], f, seq);
     Py_DECREF(area);
     return result;
 }
@@ -2046,9 +1983,6 @@ static PyMethodDef Step_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Step_run, METH_FASTCALL, NULL},
     {"number", (PyCFunction)(void (*)(void))Step_number, METH_FASTCALL, NULL},
     {"go", (PyCFunction)(void (*)(void))Step_go, METH_FASTCALL, NULL},
-    {"run_root", (PyCFunction)(void (*)(void))Step_run_root, METH_FASTCALL, NULL},
-    {"number_root", (PyCFunction)(void (*)(void))Step_number_root, METH_FASTCALL, NULL},
-    {"go_root", (PyCFunction)(void (*)(void))Step_go_root, METH_FASTCALL, NULL},
     {"drop", (PyCFunction)Step_drop, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };

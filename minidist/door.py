@@ -37,6 +37,17 @@ from .session import Session
 Planned = Prepared | P2P
 
 
+def _lane(lanes: dict, peer: Any, tag: Any) -> Any:
+    """The compiled lane of messages with ``peer`` and ``tag`` (None: none, or not a
+    rank and a tag, which the general path then says)."""
+    if not lanes:
+        return None
+    try:
+        return lanes.get((peer, tag))
+    except TypeError:
+        return None
+
+
 class Door:
     """One rank's way in. ``runtime`` is the loop thread for callers on other threads;
     None when the callers run on the session's own loop (:mod:`minidist.aio`)."""
@@ -179,19 +190,15 @@ class Door:
         """A blocking send like the last one to ``dst`` with ``tag`` (the same group,
         dtype and shape), to a rank of this node: on its way without planning it again
         (True, see :meth:`FastP2P.send_again`); False: plan it (nothing was done)."""
-        if self._send_lanes:  # the compiled core's lane of this route, in one call
-            try:
-                lane = self._send_lanes.get((dst, tag))
-            except TypeError:  # not a rank or not a tag: the general path says so
-                return False
-            if lane is not None:
-                done = lane.send(array, group)
-                if done is True:
-                    return True
-                if done is not None:  # written, but the receiver's inbox closed meanwhile
-                    self._doorbell(self.plan.default if group is None else group, dst,
-                                   self.runtime.loop)
-                    return True
+        lane = _lane(self._send_lanes, dst, tag)
+        if lane is not None:  # the compiled core's lane of this route, in one call
+            done = lane.send(array, group)
+            if done is True:
+                return True
+            if done is not None:  # written, but the receiver's inbox closed meanwhile
+                self._doorbell(self.plan.default if group is None else group, dst,
+                               self.runtime.loop)
+                return True
         again = self._send_again
         if again is None or self.runtime is None:
             return False
@@ -207,19 +214,15 @@ class Door:
         (the same group, dtype and shape), from a rank of this node: taken without
         planning it again (True, see :meth:`minidist.fast_takes.Takes.recv_again`);
         False: plan it (nothing was done)."""
-        if self._recv_lanes:  # the compiled core's lane of this receive, in one call
-            try:
-                lane = self._recv_lanes.get((src, tag))
-            except TypeError:  # not a rank or not a tag: the general path says so
-                return False
-            if lane is not None:
-                got = lane.recv(array, group)
-                if got is True:
-                    return True
-                if got is not None:  # numbered, not there within a slice: wait on
-                    self.wait(P2P(self.plan.default if group is None else group, src, tag,
-                                  got, array.reshape(-1), wire.shape_digest(array.shape), False))
-                    return True
+        lane = _lane(self._recv_lanes, src, tag)
+        if lane is not None:  # the compiled core's lane of this receive, in one call
+            got = lane.recv(array, group)
+            if got is True:
+                return True
+            if got is not None:  # numbered, not there within a slice: wait on
+                self.wait(P2P(self.plan.default if group is None else group, src, tag, got,
+                              array.reshape(-1), wire.shape_digest(array.shape), False))
+                return True
         again = self._recv_again
         if again is None or self.runtime is None:
             return False

@@ -261,9 +261,7 @@ class Repeat:
         """Number and run the call (a scatter's or gather's own arrays, as the blocking
         API takes them) if it is this one again (True); else nothing (False)."""
         if self.step is not None:  # in one call into the core
-            if self.is_root:
-                return self.root_stepped(output, input, root, group)
-            return self.stepped(output if self.scatter else input, root, group)
+            return self.stepped(output, input, root, group)
         if self.core is not None and not self.is_root:  # an env worker's step
             arr = output if self.scatter else input
             job = self.worker_number(arr, root, group)
@@ -280,13 +278,13 @@ class Repeat:
         self.go(self.number(out, inp))
         return True
 
-    def stepped(self, arr: object, root: object, group: object) -> bool:
-        """Run the call by the compiled core's step if it is this one again (True);
-        else nothing (False). What the step hands back numbered goes on here: through
-        :meth:`worker_run` (nothing run yet) or :meth:`_finish_worker`."""
+    def stepped(self, out: object, inp: object, root: object, group: object) -> bool:
+        """Run the call (a scatter's or gather's own arrays, as the blocking API takes
+        them) by the compiled core's step if it is this one again (True); else nothing
+        (False). What the step hands back numbered goes on here (:meth:`_step_on`)."""
         step = self.step
         try:
-            got = step.run(arr, root, group)
+            got = step.run(out, inp, root, group)
         except BaseException as e:
             numbered = step.numbered
             if numbered is not None:
@@ -295,36 +293,34 @@ class Repeat:
         if got is None:
             return False
         if got is not True:
-            self._step_on(arr, got)
+            self._step_on(out, inp, got)
         return True
 
-    def root_stepped(self, out: object, inp: object, root: object, group: object) -> bool:
-        """The root's call by its step, if it is this one again (True); else nothing
-        (False). What the step hands back numbered goes on here."""
-        step = self.step
+    def step_numbered(self, out: np.ndarray | None, inp: np.ndarray | None,
+                      job: tuple[int, int]) -> None:
+        """Run a call that the step's ``number`` numbered (``job``: (f, seq)) with these
+        arrays, as :meth:`stepped` runs it."""
         try:
-            got = step.run_root(out, inp, root, group)
-        except BaseException as e:
-            numbered = step.numbered
-            if numbered is not None:
-                self._failed(self._call(numbered[1]), e, numbered[0])
-            raise
-        if got is None:
-            return False
-        if got is not True:
-            self._root_on(out, inp, got)
-        return True
-
-    def root_numbered(self, out: np.ndarray, inp: np.ndarray, job: tuple[int, int]) -> None:
-        """Run a root's call that the step's ``number_root`` numbered (``job``: (f,
-        seq)) with these arrays, as :meth:`root_stepped` runs it."""
-        try:
-            got = self.step.go_root(out, inp, *job)
+            got = self.step.go(out, inp, *job)
         except BaseException as e:
             self._failed(self._call(job[1]), e, job[0])
             raise
         if got is not True:
+            self._step_on(out, inp, got)
+
+    def _step_on(self, out: np.ndarray, inp: np.ndarray, got: tuple) -> None:
+        """The rest of a call its step handed back numbered: a worker's (f, seq, how),
+        on through :meth:`worker_run` (how < 0: nothing run yet) or
+        :meth:`_finish_worker`; a root's (f, seq, how, bad), :meth:`_root_on`."""
+        if self.is_root:
             self._root_on(out, inp, got)
+            return
+        f, seq, how = got
+        arr = out if self.scatter else inp
+        if how < 0:
+            self.worker_run((f, seq), arr)
+        else:
+            self._finish_worker(f, seq, arr, how)
 
     def _root_on(self, out: np.ndarray, inp: np.ndarray,
                  got: tuple[int, int, int, int]) -> None:
@@ -345,25 +341,6 @@ class Repeat:
             self._failed(call, e, f)
             raise
         self.calls.turn_done(self.gid, f + 1)
-
-    def step_numbered(self, arr: np.ndarray, job: tuple[int, int]) -> None:
-        """Run a call that the step's ``number`` numbered (``job``: (f, seq)) with
-        ``arr``, as :meth:`stepped` runs it."""
-        try:
-            got = self.step.go(arr, *job)
-        except BaseException as e:
-            self._failed(self._call(job[1]), e, job[0])
-            raise
-        if got is not True:
-            self._step_on(arr, got)
-
-    def _step_on(self, arr: np.ndarray, got: tuple[int, int, int]) -> None:
-        """The rest of a call the step handed back numbered: (f, seq, how)."""
-        f, seq, how = got
-        if how < 0:
-            self.worker_run((f, seq), arr)
-        else:
-            self._finish_worker(f, seq, arr, how)
 
     def worker_number(self, arr: object, root: int, group: object) -> tuple | None:
         """On a rank that is not the root, with the compiled core: :meth:`fits` and

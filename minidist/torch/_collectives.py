@@ -398,44 +398,27 @@ def again_sent(kind: str, t: object, ts: object, root: int, g: Group | None) -> 
         return False
     if not r.is_root and ts is not None and (type(ts) not in (list, tuple) or ts):
         return False  # the general path says what is wrong (an empty list is None)
-    if r.step is not None and not r.is_root:  # a worker: numbered under the lock, then run
-        with _order:
-            job = r.step.number(arr, root, g)
-        if job is None:
-            return False
-        try:
-            r.step_numbered(arr, job)
-        except DistTimeoutError as e:
-            raise torch_worded(e) from e.__cause__
-        return True
-    if r.core is not None and not r.is_root:  # an env worker's step
-        with _order:
-            job = r.worker_number(arr, root, g)
-        if job is None:
-            return False
-        try:
-            r.worker_run(job, arr)
-        except DistTimeoutError as e:
-            raise torch_worded(e) from e.__cause__
-        return True
     lv = None
     if r.is_root:
         lv = list_views(ts, arr)
         if lv is None:
             return False
-        if kind == "scatter":
-            out, inp = arr, lv.pack()
-        else:
-            out, inp = lv.rows, arr
+        out, inp = (arr, lv.pack()) if kind == "scatter" else (lv.rows, arr)
     else:
         out, inp = (arr, None) if kind == "scatter" else (None, arr)
     try:
-        if r.step is not None and r.is_root:  # numbered under the lock, run outside it
+        if r.step is not None:  # the compiled core's step: numbered under the lock, then run
             with _order:
-                job = r.step.number_root(out, inp, root, g)
+                job = r.step.number(out, inp, root, g)
             if job is None:
                 return False
-            r.root_numbered(out, inp, job)
+            r.step_numbered(out, inp, job)
+        elif r.core is not None and not r.is_root:  # an env worker's step
+            with _order:
+                job = r.worker_number(arr, root, g)
+            if job is None:
+                return False
+            r.worker_run(job, arr)
         else:
             with _order:
                 if not r.fits(g, root, out, inp):

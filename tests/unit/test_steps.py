@@ -85,7 +85,7 @@ def test_a_scatter_step_takes_its_row_numbers_the_call_and_passes_the_turn(world
     for f in range(3):
         rows = root_scatter(st, f, seq=f)
         st.calls.waiting = f == 2  # a thread waits for the turn: told
-        assert s.run(out, 0, None) is True
+        assert s.run(out, None, 0, None) is True
         assert out.tolist() == rows[1].tolist()
         assert (st.numbers[GID], st.entered[GID], st.turns[GID]) == (f + 1, f + 1, f + 1)
         assert st.areas[1].last[f & 1] == (f, SCATTER, 0) and st.areas[1].behind == (f, 0)
@@ -96,7 +96,7 @@ def test_a_gather_step_writes_its_piece_for_the_root(world):
     st = world
     inp = np.array([5, 6, 7, 8], np.int32)
     s = step(st, GATHER, inp)
-    assert s.run(inp, 0, None) is True
+    assert s.run(None, inp, 0, None) is True
     piece = st.areas[1].layout(GATHER, 0, inp.nbytes)[0][3]  # this rank's piece
     assert piece.view(np.int32).tolist() == [5, 6, 7, 8]
     assert st.areas[0].dq[1] == 1 and st.turns[GID] == 1
@@ -130,7 +130,7 @@ def test_a_step_leaves_any_other_call_unnumbered(world, other):
         s.drop()
     elif other == "default":  # the default group is another one now
         st.planner.default = Group(GID + 1, tuple(range(N)))
-    assert s.run(arr, root, group) is None and s.numbered is None
+    assert s.run(arr, None, root, group) is None and s.numbered is None
     assert st.numbers == {} and dict(st.entered) == {} and st.turns == {}
 
 
@@ -159,7 +159,7 @@ def test_an_unusual_call_comes_back_numbered_with_nothing_run(world, why):
         st.areas[1].pending = (0, b"", None)
     elif why == "slot":
         st.slots[GID] = SimpleNamespace(gave_up=None)
-    assert s.run(out, 0, None) == (0, 0, -1)
+    assert s.run(out, None, 0, None) == (0, 0, -1)
     assert s.numbered == (0, 0) and st.numbers[GID] == 1 and st.entered[GID] == 1
     assert out.tolist() == [0] * COUNT and st.areas[1].last == [None, None]
 
@@ -170,13 +170,13 @@ def test_an_area_still_being_read_comes_back_numbered_with_nothing_run(world):
     s = step(st, SCATTER, out)
     st.numbers[GID] = st.turns[GID] = 2  # call 2 reuses parity 0, last an all_gather's
     st.areas[1].last[0] = (0, ALL_GATHER, 0)  # ... that not every rank finished reading
-    assert s.run(out, 0, None) == (2, 0, -1)
+    assert s.run(out, None, 0, None) == (2, 0, -1)
     assert st.areas[1].last[0] == (0, ALL_GATHER, 0)
     for r in range(N):
         st.areas[r].dq[r] = 1  # now everyone did
     root_scatter(st, 2)
     st.numbers[GID] = 2  # the same call again, numbered afresh
-    assert s.run(out, 0, None) is True and st.areas[1].last[0] == (2, SCATTER, 0)
+    assert s.run(out, None, 0, None) is True and st.areas[1].last[0] == (2, SCATTER, 0)
 
 
 def test_a_release_that_does_not_come_within_the_nap_comes_back_to_wait_more(world):
@@ -184,7 +184,7 @@ def test_a_release_that_does_not_come_within_the_nap_comes_back_to_wait_more(wor
     out = np.zeros(COUNT, np.int32)
     s = step(st, SCATTER, out, nap=0.05)
     t0 = time.monotonic()
-    assert s.run(out, 0, None) == (0, 0, WAIT_MORE)
+    assert s.run(out, None, 0, None) == (0, 0, WAIT_MORE)
     assert time.monotonic() - t0 >= 0.04
     assert st.areas[1].last[0] == (0, SCATTER, 0) and st.turns == {}
 
@@ -194,7 +194,7 @@ def test_a_root_that_called_something_else_comes_back_as_a_mismatch(world):
     out = np.zeros(COUNT, np.int32)
     s = step(st, SCATTER, out)
     root_scatter(st, 0, kind=GATHER)  # its signature is another call's
-    assert s.run(out, 0, None) == (0, 0, DIFFER)
+    assert s.run(out, None, 0, None) == (0, 0, DIFFER)
     assert out.tolist() == [0] * COUNT and st.turns == {}
 
 
@@ -203,12 +203,12 @@ def test_number_then_go_is_run(world):
     out = np.zeros(COUNT, np.int32)
     s = step(st, SCATTER, out)
     rows = root_scatter(st, 0)
-    assert s.number(np.zeros(COUNT, np.float64), 0, None) is None
-    job = s.number(out, 0, None)
+    assert s.number(np.zeros(COUNT, np.float64), None, 0, None) is None
+    job = s.number(out, None, 0, None)
     assert job == (0, 0) and st.turns == {}
-    assert s.go(out, *job) is True and out.tolist() == rows[1].tolist()
+    assert s.go(out, None, *job) is True and out.tolist() == rows[1].tolist()
     s.drop()
-    assert s.go(out, 1, 1) == (1, 1, -1)  # dropped: the general run takes it on
+    assert s.go(out, None, 1, 1) == (1, 1, -1)  # dropped: the general run takes it on
 
 
 def test_a_step_refuses_a_layout_that_does_not_fit(world):
@@ -248,7 +248,7 @@ def test_a_root_scatter_step_sends_every_row_and_leaves_its_call_pending(world):
     src = np.arange(N * COUNT, dtype=np.int32).reshape(N, COUNT)
     mine = np.zeros(COUNT, np.int32)
     s = root_step(st, SCATTER, mine, src)
-    assert s.run_root(mine, src, 0, None) is True
+    assert s.run(mine, src, 0, None) is True
     assert mine.tolist() == src[0].tolist() and st.made == [0]
     assert st.areas[0].pending[0] == 0 and st.areas[0].pending[2] == ("call", 0)
     assert st.turns[GID] == 1 and st.areas[0].last[0] == (0, SCATTER, 0)
@@ -263,7 +263,7 @@ def test_a_root_gather_step_collects_every_row_and_settles_its_scatter(world):
     mine = np.zeros(COUNT, np.int32)
     src = np.arange(N * COUNT, dtype=np.int32).reshape(N, COUNT)
     scatter = root_step(st, SCATTER, mine, src)
-    assert scatter.run_root(mine, src, 0, None) is True
+    assert scatter.run(mine, src, 0, None) is True
     for r in (1, 2):  # the workers take their rows, then send theirs
         got = np.zeros(COUNT, np.int32)
         st.areas[r].core.scatter_recv(0, 0, signature(_call(SCATTER, 0), 0), 0, got,
@@ -271,7 +271,7 @@ def test_a_root_gather_step_collects_every_row_and_settles_its_scatter(world):
         worker_gather(st, r, 1, got * 10)
     out = np.zeros((N, COUNT), np.int32)
     gather = root_step(st, GATHER, out, mine)
-    assert gather.run_root(out, mine, 0, None) is True
+    assert gather.run(out, mine, 0, None) is True
     assert out[1:].tolist() == (src[1:] * 10).tolist() and out[0].tolist() == mine.tolist()
     assert st.areas[0].pending is None and st.turns[GID] == 2
 
@@ -282,29 +282,26 @@ def test_a_root_gather_step_hands_back_a_wait_and_a_mismatch(world):
     out = np.zeros((N, COUNT), np.int32)
     gather = root_step(st, GATHER, out, mine, nap=0.02)
     worker_gather(st, 1, 0, np.ones(COUNT, np.int32))  # rank 2 has not sent yet
-    assert gather.run_root(out, mine, 0, None) == (0, 0, WAIT_MORE, -1)
+    assert gather.run(out, mine, 0, None) == (0, 0, WAIT_MORE, -1)
     worker_gather(st, 2, 0, np.ones(COUNT, np.int32), kind=SCATTER)  # another call
     st.numbers[GID] = st.turns[GID] = 0
     st.areas[0].last[0] = None
-    got = gather.run_root(out, mine, 0, None)
+    got = gather.run(out, mine, 0, None)
     assert got[2] == DIFFER and got[3] == 2 and out.tolist() == [[0] * COUNT] * N
 
 
-def test_a_root_step_leaves_other_calls_alone_and_refuses_a_workers_methods(world):
+def test_a_root_step_leaves_other_calls_alone(world):
     st = world
     src = np.zeros((N, COUNT), np.int32)
     mine = np.zeros(COUNT, np.int32)
     s = root_step(st, SCATTER, mine, src)
-    assert s.run_root(mine, src.reshape(-1), 0, None) is None  # the input's shape
-    assert s.run_root(np.zeros(COUNT, np.int64), src, 0, None) is None
+    assert s.run(mine, src.reshape(-1), 0, None) is None  # the input's shape
+    assert s.run(np.zeros(COUNT, np.int64), src, 0, None) is None
     assert st.numbers == {} and dict(st.entered) == {}
     st.areas[0].pending = (5, b"k" * 28, None)  # a scatter still to settle: unusual
-    assert s.run_root(mine, src, 0, None) == (0, 0, -1, -1)
+    assert s.run(mine, src, 0, None) == (0, 0, -1, -1)
     with pytest.raises(TypeError):
-        s.run(mine, 0, None)
-    worker = step(st, SCATTER, mine)
-    with pytest.raises(TypeError):
-        worker.run_root(mine, src, 0, None)
+        s.run(mine, src, 0)
 
 
 def test_a_root_step_numbered_under_a_lock_then_run(world):
@@ -312,9 +309,9 @@ def test_a_root_step_numbered_under_a_lock_then_run(world):
     src = np.arange(N * COUNT, dtype=np.int32).reshape(N, COUNT)
     mine = np.zeros(COUNT, np.int32)
     s = root_step(st, SCATTER, mine, src)
-    assert s.number_root(mine, src.astype(np.int64), 0, None) is None
-    job = s.number_root(mine, src, 0, None)
+    assert s.number(mine, src.astype(np.int64), 0, None) is None
+    job = s.number(mine, src, 0, None)
     assert job == (0, 0) and st.turns == {}
-    assert s.go_root(mine, src, *job) is True and mine.tolist() == src[0].tolist()
+    assert s.go(mine, src, *job) is True and mine.tolist() == src[0].tolist()
     s.drop()
-    assert s.go_root(mine, src, 1, 1) == (1, 1, -1, -1)
+    assert s.go(mine, src, 1, 1) == (1, 1, -1, -1)
