@@ -735,6 +735,14 @@ static int Box_init(Box *b, PyObject *args, PyObject *kw) {
     return 0;
 }
 
+/* ring `ring`'s HEAD/TAIL words (*ctl) and, if `recs`, its first record (*recs); the
+ * ring is in range and the box not released */
+static inline void ring_at(Box *b, int ring, char **ctl, char **recs) {
+    *ctl = b->m.start + b->header + (Py_ssize_t)ring * b->ctrl;
+    if (recs)
+        *recs = b->m.start + b->data + (Py_ssize_t)ring * b->slots * b->record;
+}
+
 /* ring `o`'s HEAD/TAIL words (*ctl) and its first record (*recs) */
 static int box_ring(Box *b, PyObject *o, char **ctl, char **recs) {
     if (b->m.start == NULL) {
@@ -748,9 +756,7 @@ static int box_ring(Box *b, PyObject *o, char **ctl, char **recs) {
         PyErr_SetString(PyExc_ValueError, "minidist._core.Box: ring out of range");
         return -1;
     }
-    *ctl = b->m.start + b->header + (Py_ssize_t)v * b->ctrl;
-    if (recs)
-        *recs = b->m.start + b->data + (Py_ssize_t)v * b->slots * b->record;
+    ring_at(b, (int)v, ctl, recs);
     return 0;
 }
 
@@ -944,6 +950,101 @@ static PyMethodDef Box_methods[] = {
 static PyTypeObject BoxType = MAPPED_TYPE(
     Box, "A rank's inbox (minidist.inbox), its rings run by the compiled core.");
 
+/* ------------------------------------------------------------------ repeated calls' checks */
+
+/* attribute names, interned at the module's start */
+static PyObject *s_default, *s_dtype, *s_shape, *s_lost, *s_left, *s_rendezvous_lost,
+    *s_acquire, *s_release, *s_inbox, *s_waiting, *s_early, *s_is_dead, *s_p2p_waiting,
+    *s_call_soon_threadsafe, *s_p2p_seqs, *s_aborted, *s_broken, *s_died, *s_gave_up,
+    *s_pending, *s_last, *s_behind, *s_turn_done;
+
+/* Whether o.name is None (1), not (0), or -1 on an error. */
+static int attr_is_none(PyObject *o, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    Py_DECREF(v);
+    return v == Py_None;
+}
+
+/* Whether o.name is true (1), false (0), or -1 on an error. */
+static int attr_true(PyObject *o, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* table[key] += 1 (a mapping; a missing key counts from 0 if `from_zero`): the old value,
+ * or -1 on an error. */
+static long long count_up(PyObject *table, PyObject *key, int from_zero) {
+    PyObject *v = PyObject_GetItem(table, key);
+    long long n = 0;
+    if (v == NULL) {
+        if (!from_zero || !PyErr_ExceptionMatches(PyExc_KeyError))
+            return -1;
+        PyErr_Clear();
+    } else {
+        n = PyLong_AsLongLong(v);
+        Py_DECREF(v);
+        if (n < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "minidist._core: a negative number");
+            return -1;
+        }
+    }
+    PyObject *next = PyLong_FromLongLong(n + 1);
+    if (next == NULL || PyObject_SetItem(table, key, next) < 0) {
+        Py_XDECREF(next);
+        return -1;
+    }
+    Py_DECREF(next);
+    return n;
+}
+
+/* Whether `g` is `planner.default` (1), not (0), or -1 on an error. */
+static int is_default_group(PyObject *planner, PyObject *g) {
+    PyObject *d = PyObject_GetAttr(planner, s_default);
+    if (d == NULL)
+        return -1;
+    Py_DECREF(d);
+    return d == g;
+}
+
+/* Whether `arr` is an array of exactly type `ndarray`, of dtype `dtype` (the same
+ * object), of `shape`, C-contiguous (and `writable`) and `nbytes` long: 1, with `view`
+ * held; 0, nothing held and no error set (the general path says what is wrong); -1. */
+static int array_view(PyObject *arr, PyObject *ndarray, PyObject *dtype, PyObject *shape,
+                      Py_ssize_t nbytes, int writable, Py_buffer *view) {
+    if (Py_TYPE(arr) != (PyTypeObject *)ndarray)
+        return 0;
+    PyObject *d = PyObject_GetAttr(arr, s_dtype);
+    if (d == NULL)
+        return -1;
+    Py_DECREF(d);
+    if (d != dtype)
+        return 0;
+    PyObject *got = PyObject_GetAttr(arr, s_shape);
+    if (got == NULL)
+        return -1;
+    int same = PyObject_RichCompareBool(got, shape, Py_EQ);
+    Py_DECREF(got);
+    if (same <= 0)
+        return same;
+    if (PyObject_GetBuffer(arr, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) <
+        0) {
+        PyErr_Clear(); /* not C-contiguous, or not writable */
+        return 0;
+    }
+    if (view->len != nbytes) {
+        PyBuffer_Release(view);
+        return 0;
+    }
+    return 1;
+}
+
 /* ------------------------------------------------------------------ repeated messages */
 
 /* A Lane is one repeated point-to-point message, planned once by Python
@@ -972,9 +1073,6 @@ typedef struct {
 
 #define P2P_SEQ_AT 16 /* a message header's number (int64, minidist.wire) */
 
-static PyObject *s_default, *s_dtype, *s_shape, *s_lost, *s_left, *s_rendezvous_lost,
-    *s_acquire, *s_release, *s_inbox, *s_waiting, *s_early, *s_is_dead, *s_p2p_waiting,
-    *s_call_soon_threadsafe, *s_p2p_seqs;
 
 static int Lane_init(Lane *l, PyObject *args, PyObject *kw) {
     PyObject *box, *header, *extra = Py_None, *o[10], *r[5] = {NULL, NULL, NULL, NULL, NULL};
@@ -1046,51 +1144,18 @@ static void Lane_dealloc(Lane *l) {
 static int lane_fits(Lane *l, PyObject *array, PyObject *group, Py_buffer *view) {
     if (l->box == NULL)
         return 0;
-    if (group == Py_None) {
-        PyObject *g = PyObject_GetAttr(l->planner, s_default);
-        if (g == NULL)
-            return -1;
-        Py_DECREF(g);
-        if (g != l->group)
-            return 0;
-    } else if (group != l->group) {
-        return 0;
-    }
-    if (Py_TYPE(array) != (PyTypeObject *)l->ndarray)
-        return 0;
-    PyObject *d = PyObject_GetAttr(array, s_dtype);
-    if (d == NULL)
-        return -1;
-    Py_DECREF(d);
-    if (d != l->dtype)
-        return 0;
-    PyObject *shape = PyObject_GetAttr(array, s_shape);
-    if (shape == NULL)
-        return -1;
-    int same = PyObject_RichCompareBool(shape, l->shape, Py_EQ);
-    Py_DECREF(shape);
-    if (same <= 0)
-        return same;
-    int flags = PyBUF_C_CONTIGUOUS | (l->receives ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(array, view, flags) < 0) {
-        PyErr_Clear(); /* not C-contiguous, or not writable: the general path */
-        return 0;
-    }
-    if (view->len != l->nbytes) {
-        PyBuffer_Release(view);
-        return 0;
-    }
-    return 1;
+    int fits = group == Py_None ? is_default_group(l->planner, l->group)
+                                : group == l->group;
+    if (fits <= 0)
+        return fits;
+    return array_view(array, l->ndarray, l->dtype, l->shape, l->nbytes, l->receives, view);
 }
 
 /* Whether the peer died or left, or the rendezvous is lost (1), or not (0), or -1. */
 static int lane_peer_gone(Lane *l) {
-    PyObject *lost = PyObject_GetAttr(l->engine, s_rendezvous_lost);
-    if (lost == NULL)
-        return -1;
-    Py_DECREF(lost);
-    if (lost != Py_None)
-        return 1;
+    int there = attr_is_none(l->engine, s_rendezvous_lost);
+    if (there != 1)
+        return there < 0 ? -1 : 1;
     PyObject *names[2] = {s_lost, s_left};
     for (int i = 0; i < 2; i++) {
         PyObject *set = PyObject_GetAttr(l->engine, names[i]);
@@ -1126,32 +1191,14 @@ static long long lane_number(Lane *l, PyObject **seqs) {
     *seqs = PyObject_GetAttr(l->engine, s_p2p_seqs);
     if (*seqs == NULL)
         return -1;
-    if (!PyDict_Check(*seqs)) {
+    if (!PyDict_CheckExact(*seqs)) { /* (a plain dict runs no Python code: see the type) */
         PyErr_SetString(PyExc_TypeError, "minidist._core.Lane: the engine's numbers");
         Py_CLEAR(*seqs);
         return -1;
     }
-    PyObject *v = PyDict_GetItemWithError(*seqs, l->key);
-    long long seq = 0;
-    if (v != NULL) {
-        seq = PyLong_AsLongLong(v);
-        if (seq < 0) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "minidist._core.Lane: a negative number");
-            Py_CLEAR(*seqs);
-            return -1;
-        }
-    } else if (PyErr_Occurred()) {
+    long long seq = count_up(*seqs, l->key, 1);
+    if (seq < 0)
         Py_CLEAR(*seqs);
-        return -1;
-    }
-    PyObject *next = PyLong_FromLongLong(seq + 1);
-    if (next == NULL || PyDict_SetItem(*seqs, l->key, next) < 0) {
-        Py_XDECREF(next);
-        Py_CLEAR(*seqs);
-        return -1;
-    }
-    Py_DECREF(next);
     return seq;
 }
 
@@ -1201,8 +1248,8 @@ static PyObject *Lane_send(Lane *l, PyObject *const *args, Py_ssize_t nargs) {
             char header[64];
             memcpy(header, l->header, 64);
             memcpy(header + P2P_SEQ_AT, &seq, 8);
-            char *ring = b->m.start + b->header + (Py_ssize_t)l->ring * b->ctrl;
-            char *recs = b->m.start + b->data + (Py_ssize_t)l->ring * b->slots * b->record;
+            char *ring, *recs;
+            ring_at(b, l->ring, &ring, &recs);
             result = box_put_raw(b, ring, recs, header, view.buf, view.len);
             if (result == 0 || result == 3) {
                 lane_unnumber(l, seqs, seq);
@@ -1253,19 +1300,12 @@ static int lane_leave_inbox(Lane *l) {
 /* Whether the receiver may sleep in the inbox: nothing came through the socket early,
  * the rendezvous is there, the sender is not known dead (1; 0; -1 on an error). */
 static int lane_may_sleep(Lane *l) {
-    PyObject *early = PyObject_GetAttr(l->mailbox, s_early);
-    if (early == NULL)
-        return -1;
-    int some = PyObject_IsTrue(early);
-    Py_DECREF(early);
+    int some = attr_true(l->mailbox, s_early);
     if (some != 0)
         return some < 0 ? -1 : 0;
-    PyObject *lost = PyObject_GetAttr(l->engine, s_rendezvous_lost);
-    if (lost == NULL)
-        return -1;
-    Py_DECREF(lost);
-    if (lost != Py_None)
-        return 0;
+    int there = attr_is_none(l->engine, s_rendezvous_lost);
+    if (there != 1)
+        return there;
     PyObject *dead = PyObject_CallMethodOneArg(l->mailbox, s_is_dead, l->peer);
     if (dead == NULL)
         return -1;
@@ -1307,8 +1347,8 @@ static PyObject *Lane_recv(Lane *l, PyObject *const *args, Py_ssize_t nargs) {
         char header[64];
         memcpy(header, l->header, 64);
         memcpy(header + P2P_SEQ_AT, &seq, 8);
-        char *ring = b->m.start + b->header + (Py_ssize_t)l->ring * b->ctrl;
-        char *recs = b->m.start + b->data + (Py_ssize_t)l->ring * b->slots * b->record;
+        char *ring, *recs;
+        ring_at(b, l->ring, &ring, &recs);
         store32(b->m.start + b->open_at, 1); /* Inbox.set_open(True) */
         int32_t seen = load32(b->m.start + b->bell_at);
         int sleep = lane_may_sleep(l);
@@ -1428,9 +1468,6 @@ typedef struct {
 #define K_SCATTER 8
 #define K_ALL_GATHER 5
 
-static PyObject *s_aborted, *s_broken, *s_died, *s_gave_up, *s_pending, *s_last, *s_behind,
-    *s_turn_done;
-
 static int Step_init(Step *s, PyObject *args, PyObject *kw) {
     PyObject *area, *o[18];
     int scatter, writable;
@@ -1514,96 +1551,18 @@ static int step_call_fits(Step *s, PyObject *root, PyObject *group) {
     int overflow;
     if (PyLong_AsLongAndOverflow(root, &overflow) != s->root || overflow)
         return 0;
-    if (group == Py_None) {
-        PyObject *d = PyObject_GetAttr(s->planner, s_default);
-        if (d == NULL)
-            return -1;
-        Py_DECREF(d);
-        if (d != s->g)
-            return 0;
-    }
-    return 1;
+    return group == Py_None ? is_default_group(s->planner, s->g) : 1;
 }
 
 /* Whether `arr` is a C-contiguous (and `writable`) array of the step's dtype, of
  * `shape`, `nbytes` long: 1, 0 (no error set) or -1. */
 static int step_array_fits(Step *s, PyObject *arr, PyObject *shape, Py_ssize_t nbytes,
                            int writable) {
-    if (Py_TYPE(arr) != (PyTypeObject *)s->ndarray)
-        return 0;
-    PyObject *d = PyObject_GetAttr(arr, s_dtype);
-    if (d == NULL)
-        return -1;
-    Py_DECREF(d);
-    if (d != s->dtype)
-        return 0;
-    PyObject *got = PyObject_GetAttr(arr, s_shape);
-    if (got == NULL)
-        return -1;
-    int same = PyObject_RichCompareBool(got, shape, Py_EQ);
-    Py_DECREF(got);
-    if (same <= 0)
-        return same;
     Py_buffer view;
-    if (PyObject_GetBuffer(arr, &view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) <
-        0) {
-        PyErr_Clear(); /* the general path says what is wrong */
-        return 0;
-    }
-    int fits = view.len == nbytes;
-    PyBuffer_Release(&view);
+    int fits = array_view(arr, s->ndarray, s->dtype, shape, nbytes, writable, &view);
+    if (fits > 0)
+        PyBuffer_Release(&view);
     return fits;
-}
-
-/* Whether these are the (worker's) step's arguments again: 1, 0 (no error set) or -1. */
-static int step_fits(Step *s, PyObject *arr, PyObject *root, PyObject *group) {
-    int fits = step_call_fits(s, root, group);
-    if (fits <= 0)
-        return fits;
-    return step_array_fits(s, arr, s->shape, s->nbytes, s->writable);
-}
-
-/* table[gid] += 1 (a mapping; a missing key counts from 0 if `from_zero`): the old value */
-static long long step_count(PyObject *table, PyObject *gid, int from_zero) {
-    PyObject *v = PyObject_GetItem(table, gid);
-    long long n = 0;
-    if (v == NULL) {
-        if (!from_zero || !PyErr_ExceptionMatches(PyExc_KeyError))
-            return -1;
-        PyErr_Clear();
-    } else {
-        n = PyLong_AsLongLong(v);
-        Py_DECREF(v);
-        if (n < 0) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "minidist._core.Step: a negative number");
-            return -1;
-        }
-    }
-    PyObject *next = PyLong_FromLongLong(n + 1);
-    if (next == NULL || PyObject_SetItem(table, gid, next) < 0) {
-        Py_XDECREF(next);
-        return -1;
-    }
-    Py_DECREF(next);
-    return n;
-}
-
-static int attr_is_none(PyObject *o, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL)
-        return -1;
-    Py_DECREF(v);
-    return v == Py_None;
-}
-
-static int attr_true(PyObject *o, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL)
-        return -1;
-    int t = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return t;
 }
 
 /* Whether call f must take Python's general run (1; 0; -1): another call's turn, an
@@ -1671,26 +1630,6 @@ static int step_reused(Step *s, Area *a, PyObject *last) {
 
 static PyObject *Area_scatter_recv(Area *a, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *Area_gather_send(Area *a, PyObject *const *args, Py_ssize_t nargs);
-
-/* run(array, root, group) -> True (done), None (not this call: nothing done) or
- * (f, seq, how): numbered, and Python goes on: how < 0, nothing run yet (the general run,
- * or a wait for the area to be read first); else the core's answer to finish
- * (WAIT_MORE, DIFFER). An exception after the numbering leaves (f, seq) in `numbered`. */
-/* Check and number: 1 (s->f, s->seq set), 0 (not this call: nothing done), -1. */
-static int step_number(Step *s, PyObject *const *args) {
-    int fits = step_fits(s, args[0], args[1], args[2]);
-    if (fits <= 0)
-        return fits;
-    long long f = step_count(s->numbers, s->gid, 1);
-    if (f < 0)
-        return -1;
-    long long seq = step_count(s->entered, s->gid, 0);
-    if (seq < 0)
-        return -1; /* (the fast-call number was taken: a broken table, not a call) */
-    s->f = f;
-    s->seq = seq;
-    return 1;
-}
 
 /* The area for call (f, seq), if whoever read what it overwrites is done (step_reused):
  * the area's last call of its parity becomes this one, and *fo, *so its numbers as
@@ -1856,31 +1795,29 @@ done:
     return result;
 }
 
-/* The root's checks and numbering (s->f, s->seq): 1, 0 (not this call: nothing done), -1. */
-static int root_number(Step *s, Area *area, PyObject *const *args) {
-    Py_ssize_t whole = s->nbytes * area->n;
+/* Check a call (out, inp, root, group) on either side against the step, and number it:
+ * 1 (s->f and s->seq set), 0 (not this call: nothing done), -1 on an error. */
+static int step_numbers(Step *s, Area *area, PyObject *const *args) {
     int fits = step_call_fits(s, args[2], args[3]);
-    if (fits > 0)
-        fits = step_array_fits(s, args[0], s->shape, s->scatter ? s->nbytes : whole, 1);
-    if (fits > 0)
-        fits = step_array_fits(s, args[1], s->in_shape, s->scatter ? whole : s->nbytes, 0);
+    if (s->is_root) {
+        Py_ssize_t whole = s->nbytes * area->n;
+        if (fits > 0)
+            fits = step_array_fits(s, args[0], s->shape, s->scatter ? s->nbytes : whole, 1);
+        if (fits > 0)
+            fits = step_array_fits(s, args[1], s->in_shape, s->scatter ? whole : s->nbytes, 0);
+    } else if (fits > 0) {
+        fits = step_array_fits(s, s->scatter ? args[0] : args[1], s->shape, s->nbytes,
+                               s->writable);
+    }
     if (fits <= 0)
         return fits;
-    long long f = step_count(s->numbers, s->gid, 1);
-    long long seq = f < 0 ? -1 : step_count(s->entered, s->gid, 0);
+    long long f = count_up(s->numbers, s->gid, 1);
+    long long seq = f < 0 ? -1 : count_up(s->entered, s->gid, 0);
     if (seq < 0)
-        return -1;
+        return -1; /* (a broken table, not a call) */
     s->f = f;
     s->seq = seq;
     return 1;
-}
-
-/* Check and number a call (out, inp, root, group) on either side: 1, 0, -1. */
-static int step_numbers(Step *s, Area *area, PyObject *const *args) {
-    if (s->is_root)
-        return root_number(s, area, args);
-    PyObject *one[3] = {s->scatter ? args[0] : args[1], args[2], args[3]};
-    return step_number(s, one);
 }
 
 /* Run the call numbered (f, seq) on either side. */
@@ -2039,30 +1976,16 @@ PyMODINIT_FUNC PyInit__core(void) {
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&AreaType);
-    if (PyModule_AddObject(m, "Area", (PyObject *)&AreaType) < 0) {
-        Py_DECREF(&AreaType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&BoxType);
-    if (PyModule_AddObject(m, "Box", (PyObject *)&BoxType) < 0) {
-        Py_DECREF(&BoxType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&LaneType);
-    if (PyModule_AddObject(m, "Lane", (PyObject *)&LaneType) < 0) {
-        Py_DECREF(&LaneType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&StepType);
-    if (PyModule_AddObject(m, "Step", (PyObject *)&StepType) < 0) {
-        Py_DECREF(&StepType);
-        Py_DECREF(m);
-        return NULL;
-    }
+    struct {
+        PyTypeObject *type;
+        const char *name;
+    } types[] = {{&AreaType, "Area"}, {&BoxType, "Box"}, {&LaneType, "Lane"},
+                 {&StepType, "Step"}};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (PyModule_AddObjectRef(m, types[i].name, (PyObject *)types[i].type) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
     if (PyModule_AddIntConstant(m, "DONE", DONE) < 0 ||
         PyModule_AddIntConstant(m, "DIFFER", DIFFER) < 0 ||
         PyModule_AddIntConstant(m, "WAIT_MORE", WAIT_MORE) < 0 ||
