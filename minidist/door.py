@@ -61,7 +61,9 @@ class Door:
         self._send_first, self._send_now = session.send_first, session.send_now
         self._send_local, self._recv_local, self._send_again, self._recv_again = \
             session.local_messages() or (None, None, None, None)
-        self._send_lanes, self._recv_lanes, self._doorbell = session.lanes() or ({}, {}, None)
+        # the compiled lanes (for blocking callers, who have a loop thread to go on with)
+        lanes = session.lanes() if runtime is not None else None
+        self._send_lanes, self._recv_lanes, self._doorbell = lanes or ({}, {}, None)
         forkguard.track(self)  # a forked child cannot use it (see minidist.forkguard)
 
     # ------------------------------------------------------------------ who we are

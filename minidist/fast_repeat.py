@@ -262,13 +262,6 @@ class Repeat:
         API takes them) if it is this one again (True); else nothing (False)."""
         if self.step is not None:  # in one call into the core
             return self.stepped(output, input, root, group)
-        if self.core is not None and not self.is_root:  # an env worker's step
-            arr = output if self.scatter else input
-            job = self.worker_number(arr, root, group)
-            if job is None:
-                return False
-            self.worker_run(job, arr)
-            return True
         if self.scatter:
             out, inp = output, input if self.is_root else None
         else:
@@ -342,23 +335,9 @@ class Repeat:
             raise
         self.calls.turn_done(self.gid, f + 1)
 
-    def worker_number(self, arr: object, root: int, group: object) -> tuple | None:
-        """On a rank that is not the root, with the compiled core: :meth:`fits` and
-        :meth:`number` in one, for the one array such a rank passes (a scatter's output,
-        a gather's input); None, with nothing done, if the call is not this one again."""
-        if group is not self.group or root != self.root or (
-                group is None and self.planner.default is not self.g):
-            return None
-        if type(arr) is not np.ndarray or arr.dtype is not self.dtype or \
-                arr.shape != (self.out_shape if self.scatter else self.in_shape):
-            return None
-        flags = arr.flags
-        if not flags.c_contiguous or (self.scatter and not flags.writeable):
-            return None
-        return self.take(self.g)
-
     def worker_run(self, job: tuple, arr: np.ndarray) -> None:
-        """Run a call numbered by :meth:`worker_number` (as :meth:`go` does)."""
+        """Run a worker's call its step numbered (``job``: (f, seq)) and handed back
+        with nothing run, as :meth:`go` does."""
         f, seq = job
         if self._unusual(f):
             out, inp = (arr, None) if self.scatter else (None, arr)

@@ -413,12 +413,6 @@ def again_sent(kind: str, t: object, ts: object, root: int, g: Group | None) -> 
             if job is None:
                 return False
             r.step_numbered(out, inp, job)
-        elif r.core is not None and not r.is_root:  # an env worker's step
-            with _order:
-                job = r.worker_number(arr, root, g)
-            if job is None:
-                return False
-            r.worker_run(job, arr)
         else:
             with _order:
                 if not r.fits(g, root, out, inp):
