@@ -138,7 +138,7 @@ BARE_SPIN = 20  # looks at the step word before a bare worker sleeps on it
 def _bare_worker(name: str, wid: int, a) -> None:
     from multiprocessing import shared_memory
 
-    from minidist.fastpath import futex_add, futex_wait
+    from minidist.shm.fast_slots import futex_add, futex_wait
 
     shm = shared_memory.SharedMemory(name)
     words, acts, obs, base = _bare_views(shm, a.workers, a.obs)
@@ -180,7 +180,7 @@ def run_bare(a) -> None:
     import multiprocessing as mp
     from multiprocessing import shared_memory
 
-    from minidist.fastpath import futex_wait, futex_wake
+    from minidist.shm.fast_slots import futex_wait, futex_wake
 
     W, B = a.workers, a.obs
     shm = shared_memory.SharedMemory(create=True, size=4096 + W * (8 + B))

@@ -248,7 +248,7 @@ def run_floor(workers: int, sizes: list[float], rounds: int) -> list[dict]:
     futex word, woken at once, each noting when it runs (no data, no minidist)."""
     import mmap
 
-    from minidist import fastpath
+    from minidist.shm import fast_slots
 
     m = mmap.mmap(-1, 4096 + 8 * workers)
     words = np.frombuffer(m, np.int32, 1024)
@@ -262,7 +262,7 @@ def run_floor(workers: int, sizes: list[float], rounds: int) -> list[dict]:
             for r in range(1, total + 1):
                 while words[0] < r:
                     words[1] = 1
-                    fastpath.futex_wait(addr, int(words[0]), 0.1)
+                    fast_slots.futex_wait(addr, int(words[0]), 0.1)
                 stamps[i] = time.monotonic()
             os._exit(0)
         pids.append(pid)
@@ -275,7 +275,7 @@ def run_floor(workers: int, sizes: list[float], rounds: int) -> list[dict]:
             time.sleep(SETTLE + QUIET)
             c0, t0 = time.process_time(), time.monotonic()
             words[0] = r
-            fastpath.futex_wake(addr)
+            fast_slots.futex_wake(addr)
             t1, cpu = time.monotonic(), time.process_time() - c0
             time.sleep(QUIET)
             times.append((t1 - t0, 1e-9, cpu, float(stamps.max()) - t0))

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                    "paths (compiled or pure) and why.")
     a = parser.parse_args(argv)
     if a.command == "info":
-        from . import core
+        from .shm import core
 
         print(_version())
         for k, v in core.info().items():

@@ -17,13 +17,14 @@ from typing import Any
 
 import numpy as np  # noqa: F401
 
-from . import calls, facade, fast_repeat, objects, startup  # noqa: F401
+from . import calls, facade, objects, startup  # noqa: F401
 from .door import Door
 from .env import default_timeout, detect
 from .group import Group
 from .kvstore import Store
 from .ops import ReduceOp  # noqa: F401
 from .process_state import STATE
+from .shm import repeat  # noqa: F401
 from .work import Work  # noqa: F401
 
 GroupArg = Group | object | None
@@ -44,10 +45,10 @@ def {name}({params}) -> {returns}:
     return None
 ''',
     # a blocking scatter or gather that repeats the last such call runs planned once
-    # (minidist.fast_repeat), and one that took the fast path is remembered
+    # (minidist.shm.repeat), and one that took the fast path is remembered
     calls.ROOTED: '''
 def {name}({params}) -> {returns}:
-    if not async_op and algorithm is None and fast_repeat.again(
+    if not async_op and algorithm is None and repeat.again(
             STATE.blocking, "{name}", output, input, {root}, group):
         return None
     d = door()
@@ -56,7 +57,7 @@ def {name}({params}) -> {returns}:
         return Work(d.submit(item))
     d.wait(item)
     if algorithm is None:
-        fast_repeat.remember(d, item, group, output, input)
+        repeat.remember(d, item, group, output, input)
     return None
 ''',
     calls.START: '''

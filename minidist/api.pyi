@@ -7,13 +7,14 @@ import os as os
 from collections.abc import Sequence as Sequence
 from typing import Any as Any
 import numpy as np
-from . import calls as calls, facade as facade, fast_repeat as fast_repeat, objects as objects, startup as startup
+from . import calls as calls, facade as facade, objects as objects, startup as startup
 from .door import Door as Door
 from .env import default_timeout as default_timeout, detect as detect
 from .group import Group as Group
 from .kvstore import Store as Store
 from .ops import ReduceOp as ReduceOp
 from .process_state import STATE as STATE
+from .shm import repeat as repeat
 from .work import Work as Work
 GroupArg = Group | object | None
 door = STATE.door

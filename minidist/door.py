@@ -7,9 +7,9 @@ it on the session's event loop. The thread boundary is drawn here and nowhere el
 * on the caller's thread, in call order: planning, then the fast paths — the call's first
   small frames (or a whole small message) written straight to peers already connected
   over a Unix socket, so they need not wait for the loop to wake up; small collectives
-  through shared slots (:mod:`minidist.fastpath`); small messages to and blocking
+  through shared slots (:mod:`minidist.shm.fast_slots`); small messages to and blocking
   receives from ranks of this node through shared-memory inboxes
-  (:mod:`minidist.fast_p2p`);
+  (:mod:`minidist.shm.p2p`);
 * on the loop: everything else (:meth:`Session.execute`, :meth:`Session.send`,
   :meth:`Session.recv`).
 
@@ -25,14 +25,15 @@ import concurrent.futures
 from collections.abc import Coroutine
 from typing import Any
 
-from . import fast_repeat, first_k, forkguard, wire
+from . import forkguard, wire
 from .errors import DistError
-from .fast_p2p import NOT_TAKEN
 from .group import NON_GROUP_MEMBER, Group
 from .plan import Planner
 from .prepared import P2P, Prepared
 from .runtime import Runtime
 from .session import Session
+from .shm import first_k, repeat
+from .shm.p2p import NOT_TAKEN
 
 Planned = Prepared | P2P
 
@@ -56,7 +57,7 @@ class Door:
         self._session = session
         self.runtime = runtime
         self.plan: Planner = session.plan
-        self.fast_calls = session.fast_calls  # (minidist.fast_repeat runs calls through it)
+        self.fast_calls = session.fast_calls  # (minidist.shm.repeat runs calls through it)
         # the caller's-thread writes, bound once (no call more per message)
         self._send_first, self._send_now = session.send_first, session.send_now
         self._send_local, self._recv_local, self._send_again, self._recv_again = \
@@ -214,7 +215,7 @@ class Door:
     def recv_again(self, array: Any, src: int, tag: int, group: Any) -> bool:
         """A blocking receive from ``src`` with ``tag`` like the last one from there
         (the same group, dtype and shape), from a rank of this node: taken without
-        planning it again (True, see :meth:`minidist.fast_takes.Takes.recv_again`);
+        planning it again (True, see :meth:`minidist.shm.takes.Takes.recv_again`);
         False: plan it (nothing was done)."""
         lane = _lane(self._recv_lanes, src, tag)
         if lane is not None:  # the compiled core's lane of this receive, in one call
@@ -233,13 +234,13 @@ class Door:
     def rooted_again(self, kind: str, output: Any, input: Any, root: int, group: Any) -> bool:
         """A blocking ``kind`` (``"scatter"`` or ``"gather"``) like this thread's last
         one on this door: run without planning it again (True, see
-        :mod:`minidist.fast_repeat`); False: plan it (nothing was done)."""
-        return fast_repeat.again(self, kind, output, input, root, group)
+        :mod:`minidist.shm.repeat`); False: plan it (nothing was done)."""
+        return repeat.again(self, kind, output, input, root, group)
 
     def remember_rooted(self, item: Prepared, group: Any, output: Any, input: Any) -> None:
         """After the blocking scatter or gather ``item`` ran: remember it, so that
         :meth:`rooted_again` can run it again."""
-        fast_repeat.remember(self, item, group, output, input)
+        repeat.remember(self, item, group, output, input)
 
     def submit(self, item: Planned) -> concurrent.futures.Future:
         """Start ``item``; the future completes with it (a Work's handle)."""
@@ -266,7 +267,7 @@ class Door:
 
     def many_again(self, output: Any, src: Any, tag: Any, group: Any) -> first_k.Many | None:
         """This thread's last blocking recv_many, checked and planned, if this one is it
-        again (see :func:`minidist.first_k.again`); else None."""
+        again (see :func:`minidist.shm.first_k.again`); else None."""
         return first_k.again(self.plan, output, src, tag, group)
 
     def wait_many(self, m: first_k.Many) -> Any:
@@ -346,7 +347,7 @@ class Door:
     async def close(self, graceful: bool = True) -> None:
         """Leave the job (on the loop)."""
         forkguard.untrack(self)  # from now on a forked child inherits nothing of it
-        fast_repeat.forget(self)  # its calls planned once let go of its segments
+        repeat.forget(self)  # its calls planned once let go of its segments
         await self._session.close(graceful=graceful)
 
     def leave(self, graceful: bool = True) -> None:

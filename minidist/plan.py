@@ -4,7 +4,7 @@ Pure: no socket, no event loop. A :class:`Planner` runs on the caller's thread, 
 order; what it returns (a :class:`Prepared` collective or a :class:`P2P` message, records
 defined in :mod:`minidist.prepared`) is what the door starts and the session executes.
 Everything a bad argument can break is checked here, before anything is numbered or
-sent. Which calls take the fast path, and how, is :mod:`minidist.fast_plan`'s; the
+sent. Which calls take the fast path, and how, is :mod:`minidist.shm.planner`'s; the
 algorithm and schedule of the others is :mod:`minidist.socket_plan`'s; where the ranks
 are, :mod:`minidist.placement`'s.
 """
@@ -19,11 +19,11 @@ import numpy as np
 from . import collectives, ops, wire
 from .algorithms.schedule import Schedule
 from .errors import NotInGroupError
-from .fast_plan import FastPlanner
 from .group import NON_GROUP_MEMBER, WORLD_ID, Group, group_id
 from .ops import ReduceOp
 from .placement import Placement
 from .prepared import P2P, P2P_TAG_LIMIT, Call, Prepared
+from .shm.planner import FastPlanner
 from .socket_plan import SocketPlanner
 
 log = logging.getLogger("minidist.plan")

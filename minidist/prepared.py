@@ -76,7 +76,7 @@ class Prepared:
     user: np.ndarray | None = None  # the caller's array when ``bufs`` hold a copy
     finish: bool = False
     sent: frozenset[int] = frozenset()  # first-step sends done from the caller's thread
-    fast: int = -1  # a fast call (minidist.fastpath): its number among the group's, else -1
+    fast: int = -1  # a fast call (minidist.shm.fast_slots): its number among the group's, else -1
     fast_numbers: int = 1  # ... and how many of the group's fast-call numbers it uses
     reads: bool = False  # ... and whether it reads its peers' vectors (fastpath.reads_peers)
 

@@ -4,9 +4,9 @@ A :class:`Session` owns this rank's sockets (endpoint, control connection, and t
 rendezvous or node agent it may host) and its engine, and executes what the
 :class:`~minidist.plan.Planner` (``session.plan``) prepared; front ends reach both
 through the door (:mod:`minidist.door`). Its parts, one job each: the fast segments of
-its groups (:mod:`minidist.fast_segments`), the fast calls run on the caller's thread
-(:mod:`minidist.fast_calls`), the ``shared_memory`` algorithm's calls
-(:mod:`minidist.shm_calls`) and the socket path's scratch arrays
+its groups (:mod:`minidist.shm.group_segments`), the fast calls run on the caller's thread
+(:mod:`minidist.shm.calls`), the ``shared_memory`` algorithm's calls
+(:mod:`minidist.shm.algorithm_calls`) and the socket path's scratch arrays
 (:mod:`minidist.scratch`). Everything here runs on the session's loop, but for the fast
 calls and what says so.
 """
@@ -20,15 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import algorithms, calibrate, env, fastpath, ops, peer_memory, segments, tracing
+from . import algorithms, calibrate, env, ops, peer_memory, segments, tracing
 from .elastic import Elastic
 from .engine import Engine
 from .env import LaunchConfig
 from .errors import DistError, DistTimeoutError, PeerLostError, RendezvousError
-from .fast_calls import FastCalls
-from .fast_p2p import LINGER, FastP2P
-from .fast_routes import LANE
-from .fast_segments import FastSegments
 from .group import Group
 from .plan import Planner
 from .prepared import P2P, Prepared
@@ -36,7 +32,12 @@ from .rendezvous.agent import NodeAgent
 from .rendezvous.client import RendezvousClient
 from .rendezvous.store import KeyValueStore
 from .scratch import ScratchPool
-from .shm_calls import ShmCalls
+from .shm import fast_slots
+from .shm.algorithm_calls import ShmCalls
+from .shm.calls import FastCalls
+from .shm.group_segments import FastSegments
+from .shm.p2p import LINGER, FastP2P
+from .shm.routes import LANE
 from .transport import addresses
 from .transport.endpoint import Endpoint
 from .transport.mailbox import Mailbox
@@ -74,7 +75,7 @@ class Session:
         # what the door offers of it, its own methods
         self.shrink, self.agree = self.elastic.shrink, self.elastic.agree
         self.wait_ranks = self.elastic.wait_ranks
-        if fastpath.available() and segments.available() and env.fast_path_allowed(
+        if fast_slots.available() and segments.available() and env.fast_path_allowed(
                 os.environ) and env.shared_memory_allowed(os.environ):
             self.plan.fast = True
         self.scratch = ScratchPool()
@@ -159,7 +160,7 @@ class Session:
         def handle(*args: Any) -> None:
             news(*args)
             if self.plan.fast:
-                fastpath.wake_sleepers()
+                fast_slots.wake_sleepers()
         return handle
 
     def _read_key(self) -> str | None:
@@ -203,7 +204,7 @@ class Session:
         """Once joined: (send, recv, send again, recv again) of messages to and from
         ranks of this node through shared memory, on the caller's thread
         (:meth:`FastP2P.send`, :meth:`FastP2P.recv`, :meth:`FastP2P.send_again`,
-        :meth:`minidist.fast_takes.Takes.recv_again`); None when every message goes
+        :meth:`minidist.shm.takes.Takes.recv_again`); None when every message goes
         through the sockets."""
         p2p = self.p2p
         return None if p2p is None else (p2p.send, p2p.recv, p2p.send_again,
@@ -211,7 +212,7 @@ class Session:
 
     def lanes(self) -> tuple[dict, dict, Callable[..., None]] | None:
         """Once joined: the compiled lanes of repeated sends and receives, by peer and
-        tag (:attr:`minidist.fast_routes.Remembered.lanes`), and the doorbell a send
+        tag (:attr:`minidist.shm.routes.Remembered.lanes`), and the doorbell a send
         rings when its receiver's inbox closed meanwhile; None without them."""
         p2p = self.p2p
         if p2p is None or LANE is None:

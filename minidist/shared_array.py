@@ -38,11 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from . import api, fastpath, objects, segments, versioned
+from . import api, objects, segments, versioned
 from .door import Door
 from .errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError
 from .group import Group
 from .plan import P2P_TAG_LIMIT
+from .shm import fast_slots
 
 TAG_BASE = P2P_TAG_LIMIT + (1 << 24)  # internal tags of the shared arrays' versions
 # a node leader's receive of the next version may wait as long as the learner takes to
@@ -94,7 +95,7 @@ def _describe(sig: tuple) -> str:
 def _check_args(d: Door, name: str, shape: Any, dtype: Any, src: int, group: Any,
                 buffers: int) -> tuple[Group, tuple[int, ...], np.dtype]:
     g = d.group_of(group)
-    if not (fastpath.available() and segments.available()):
+    if not (fast_slots.available() and segments.available()):
         raise DistError("SharedArray needs Linux on x86-64 with /dev/shm (futexes and "
                         "x86 memory ordering)")
     if not isinstance(name, str) or not name:

@@ -14,11 +14,12 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import core, fdlimits, job_secret
+from . import fdlimits, job_secret
 from .door import Door
 from .env import LaunchConfig, log_level
 from .runtime import Runtime
 from .session import Session
+from .shm import core
 
 if TYPE_CHECKING:
     from .rendezvous.server import RendezvousServer

@@ -31,7 +31,7 @@ reader may still hold a view of it. Versions only grow, so a ``VER[b]`` that equ
 writer waits (a futex on ``MOVED``) until a reader moves on; pins of members that
 died are cleared by whoever notices (the ``stale`` callback).
 
-Memory ordering as in :mod:`minidist.fastpath`: x86 (TSO), stores and loads through
+Memory ordering as in :mod:`minidist.shm.fast_slots`: x86 (TSO), stores and loads through
 numpy's C code, a full fence where a store must precede a load; sleepers say so in a
 flag word before they sleep, and the writer wakes them after a fence.
 """
@@ -46,8 +46,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import fastpath, segments
+from . import segments
 from .errors import DistError
+from .shm import fast_slots
 
 LATEST, WAITING, MOVED, WRITER_WAITING, FAILED = 0, 1, 2, 3, 4  # int32 indices
 VER = 16  # int32 index of VER[0]
@@ -55,7 +56,7 @@ PIN = 32  # int32 index of PIN[0]
 MAX_BUFFERS = 16
 MAX_VERSION = (1 << 31) - 1
 PAGE = mmap.PAGESIZE
-SLICE = fastpath.SLICE  # seconds a waiter sleeps at most between checks
+SLICE = fast_slots.SLICE  # seconds a waiter sleeps at most between checks
 
 Check = Callable[[], "DistError | None"]
 
@@ -159,7 +160,7 @@ class NodeBuffers:
                 if w[at] == v:
                     b = at - first
                     w[me] = b + 1
-                    fastpath.fence()
+                    fast_slots.fence()
                     if w[at] == v:
                         break
             else:  # rewritten meanwhile: a newer version is the latest
@@ -168,7 +169,7 @@ class NodeBuffers:
             break
         if w[WRITER_WAITING]:
             w[MOVED] += 1
-            fastpath.futex_wake(self._moved_addr)
+            fast_slots.futex_wake(self._moved_addr)
         self.pinned, self.version = b, v
         return b, v
 
@@ -177,10 +178,10 @@ class NodeBuffers:
         if self.pinned >= 0:
             self.words[PIN + self.member] = 0
             self.pinned, self.version = -1, -1
-            fastpath.fence()
+            fast_slots.fence()
             if self.words[WRITER_WAITING]:
                 self.words[MOVED] += 1
-                fastpath.futex_wake(self._moved_addr)
+                fast_slots.futex_wake(self._moved_addr)
 
     def wait(self, version: int, deadline: float, check: Check) -> int:
         """Until the latest version is at least ``version``; the latest then. Sleeps
@@ -201,7 +202,7 @@ class NodeBuffers:
             if now >= deadline:
                 raise TimeoutError(seen)
             words[WAITING] = 1  # then the kernel's lock, then its look at LATEST
-            fastpath.futex_wait(self._latest_addr, seen, min(SLICE, deadline - now))
+            fast_slots.futex_wait(self._latest_addr, seen, min(SLICE, deadline - now))
 
     # ------------------------------------------------------------------ writing
 
@@ -215,7 +216,7 @@ class NodeBuffers:
                 continue
             old = int(ver[b])
             ver[b] = -1
-            fastpath.fence()
+            fast_slots.fence()
             if not (pins == b + 1).any():
                 return b
             ver[b] = old
@@ -229,7 +230,7 @@ class NodeBuffers:
         words = self.words
         while True:
             words[WRITER_WAITING] = 1
-            fastpath.fence()
+            fast_slots.fence()
             seen = int(words[MOVED])
             b = self.try_claim()
             if b >= 0:
@@ -245,7 +246,7 @@ class NodeBuffers:
             if now >= deadline:
                 words[WRITER_WAITING] = 0
                 raise TimeoutError(self.pinning())
-            fastpath.futex_wait(self._moved_addr, seen, min(SLICE, deadline - now))
+            fast_slots.futex_wait(self._moved_addr, seen, min(SLICE, deadline - now))
 
     def pinning(self) -> list[int]:
         """The members whose pins hold a buffer other than the latest one."""
@@ -263,16 +264,16 @@ class NodeBuffers:
         words[VER + b] = version
         words[LATEST] = version
         self.latest_buffer = b
-        fastpath.fence()
+        fast_slots.fence()
         if words[WAITING]:
             words[WAITING] = 0
-            fastpath.futex_wake(self._latest_addr)
+            fast_slots.futex_wake(self._latest_addr)
 
     def fail(self) -> None:
         """Tell this node's readers that no more versions will come."""
         self.words[FAILED] = 1
-        fastpath.fence()
-        fastpath.futex_wake(self._latest_addr)
+        fast_slots.fence()
+        fast_slots.futex_wake(self._latest_addr)
 
     def close(self) -> None:
         """Release the pin and unmap (views still held keep their pages mapped)."""

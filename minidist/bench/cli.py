@@ -217,11 +217,12 @@ def _fast_path(collective: str, n: int, nbytes: int) -> bool:
     decides)."""
     import os
 
-    from .. import fastpath, peer_memory, segments
+    from .. import peer_memory, segments
     from ..env import fast_path_allowed, single_copy_allowed
+    from ..shm import fast_slots
 
     direct = single_copy_allowed(os.environ) and peer_memory.key() is not None
-    return (fastpath.takes(collective, n, nbytes, direct) and fastpath.available()
+    return (fast_slots.takes(collective, n, nbytes, direct) and fast_slots.available()
             and segments.available() and fast_path_allowed(os.environ)
             and not os.environ.get(f"MINIDIST_ALGO_{collective.upper()}"))
 

@@ -23,11 +23,11 @@ import numpy as np
 import torch
 
 from .. import api as md
-from .. import fast_repeat
 from ..errors import DistTimeoutError
 from ..group import Group
 from ..ops import ReduceOp
 from ..plan import P2P_TAG_LIMIT, Prepared
+from ..shm import repeat
 from ._tensors import (
     as_input,
     as_output,
@@ -102,12 +102,12 @@ def _issue(item: Any, post: Callable[[], None] | None, result: Any, what: str,
     that takes the shared-memory fast path, a :class:`Blocking` that runs it when
     waited for, on the caller's thread (no hop to minidist's event loop). ``again``:
     (group, output, input) of a scatter or gather, which the fast path then remembers
-    (:mod:`minidist.fast_repeat`)."""
+    (:mod:`minidist.shm.repeat`)."""
     d = md.door()
     if blocking and isinstance(item, Prepared) and item.fast >= 0:
         if again is not None:
             g, out, inp = again
-            post = _chain(post, lambda: fast_repeat.remember(d, item, g, out, inp))
+            post = _chain(post, lambda: repeat.remember(d, item, g, out, inp))
         return Blocking(d, item, post)
     return Work([d.submit(item)], post, result, what)
 
@@ -386,11 +386,11 @@ def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op: Any,
 def again_sent(kind: str, t: object, ts: object, root: int, g: Group | None) -> bool:
     """A blocking scatter or gather (``kind``) of a plain CPU tensor ``t`` on ``g``
     (None: the world), with ``ts`` the root's list of tensors (None elsewhere), run at
-    once if it repeats this thread's last such call (:mod:`minidist.fast_repeat`):
+    once if it repeats this thread's last such call (:mod:`minidist.shm.repeat`):
     numbered under the lock, run outside it (True); False, with nothing done, for any
     other call, which then takes the general path. An env worker's step is two such
     calls, and so is its learner's (its lists' views kept, :func:`list_views`)."""
-    r = fast_repeat.remembered(kind)
+    r = repeat.remembered(kind)
     if r is None or r.door is not md.STATE.blocking:
         return False
     arr = plain_view(t)
@@ -628,7 +628,7 @@ def send_again(t: object, dst: int, tag: int, g: Group | None) -> bool:
 def recv(t: torch.Tensor, src: int, tag: int, g: Group | None) -> int:
     """A blocking receive from global rank ``src``: for a CPU tensor it runs on the
     caller's thread (only its planning holds the order lock), so that from a rank of
-    this node it waits in this rank's inbox (:mod:`minidist.fast_p2p`); a receive into
+    this node it waits in this rank's inbox (:mod:`minidist.shm.p2p`); a receive into
     a plain CPU tensor like the last one from there is not planned again
     (:meth:`minidist.door.Door.recv_again`)."""
     if _on_gpu(t):

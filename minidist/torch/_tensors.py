@@ -17,7 +17,7 @@ from operator import attrgetter, is_
 import numpy as np
 import torch
 
-from ..fastpath import SLOT_BYTES
+from ..shm.fast_slots import SLOT_BYTES
 
 # torch dtypes numpy has an exact twin for (torch's own .numpy() conversion)
 _NUMPY = {

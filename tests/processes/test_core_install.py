@@ -28,7 +28,7 @@ def test_an_install_without_a_compiler_runs_the_demo_on_the_pure_core(tmp_path):
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-3000:]
     wheel, = (tmp_path / "wheels").glob("minidist-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "minidist/core.py" in names
+    assert "minidist/shm/core.py" in names
     assert not [n for n in names if n.endswith(".so")], names  # the core was not built
     site = tmp_path / "site"
     got = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q",

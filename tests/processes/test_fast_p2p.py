@@ -1,4 +1,4 @@
-"""Point-to-point messages through the shared-memory inboxes (minidist.fast_p2p)."""
+"""Point-to-point messages through the shared-memory inboxes (minidist.shm.p2p)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import os
 
 import pytest
 
-from minidist import fastpath, segments
+from minidist import segments
+from minidist.shm import fast_slots
 
 from .harness import SCRIPTS, Job
 
 pytestmark = [
     pytest.mark.timeout(120),
-    pytest.mark.skipif(not (fastpath.available() and segments.available()),
+    pytest.mark.skipif(not (fast_slots.available() and segments.available()),
                        reason="the fast path needs Linux on x86-64 and /dev/shm"),
 ]
 
@@ -30,7 +31,7 @@ def test_messages_are_exact_whichever_way_they_go(seed):
 
 
 def test_sends_like_the_last_one_stay_exact_on_every_group_tag_and_way():
-    """Sends planned once (minidist.fast_p2p's send_again) beside planned ones: another
+    """Sends planned once (minidist.shm.p2p's send_again) beside planned ones: another
     group with the same receiver and tag, other dtypes and shapes, strided arrays,
     objects, receives in another order, and an inbox closed by a receive on the loop."""
     with Job(3, SCRIPTS / "repeat_sends.py") as job:
@@ -40,7 +41,7 @@ def test_sends_like_the_last_one_stay_exact_on_every_group_tag_and_way():
 
 
 def test_receives_like_the_last_one_stay_exact_and_leave_every_other_case_alone():
-    """Receives planned once (minidist.fast_takes) in an RL loop on a crowded node, and
+    """Receives planned once (minidist.shm.takes) in an RL loop on a crowded node, and
     beside them another group's message first, a message of another dtype or shape,
     a timeout, an inbox closed by a receive on the loop, receives from any rank."""
     with Job(9, SCRIPTS / "repeat_recvs.py", "loop") as job:

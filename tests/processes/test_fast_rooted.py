@@ -1,17 +1,18 @@
 """Scatter, gather and all_gather through the rooted area of the fast segment
-(minidist.fast_rooted): exact, and every failure named on every rank."""
+(minidist.shm.rooted_area): exact, and every failure named on every rank."""
 
 from __future__ import annotations
 
 import pytest
 
-from minidist import fastpath, segments
+from minidist import segments
+from minidist.shm import fast_slots
 
 from .harness import SCRIPTS, Job, clean_env
 
 pytestmark = [
     pytest.mark.timeout(240),
-    pytest.mark.skipif(not (fastpath.available() and segments.available()),
+    pytest.mark.skipif(not (fast_slots.available() and segments.available()),
                        reason="the fast path needs Linux on x86-64 and /dev/shm"),
 ]
 
@@ -86,7 +87,7 @@ def test_workers_waiting_for_the_learner_sleep():
 @pytest.mark.parametrize("n,seed", [(2, 3), (4, 4)])
 def test_repeated_calls_planned_once_stay_exact_and_check_their_arrays(n, seed):
     """A scatter or gather repeated with the same arrays runs planned once
-    (minidist.fast_repeat); varied calls in between, and arrays it must not take, go the
+    (minidist.shm.repeat); varied calls in between, and arrays it must not take, go the
     general way."""
     with Job(n, SCRIPTS / "repeat_calls.py", str(seed), "400") as job:
         rc = job.wait(200)

@@ -1,5 +1,5 @@
 """One protocol, two executors: a job whose ranks run the compiled core
-(minidist._core) and the pure-Python one side by side passes every collective,
+(minidist.shm._core) and the pure-Python one side by side passes every collective,
 point-to-point and object kind, the rooted calls, the repeated RL calls, the fast slots
 and the inboxes, bit for bit."""
 
@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import pytest
 
-from minidist import core, fastpath, segments
+from minidist import segments
+from minidist.shm import core, fast_slots
 
 from .harness import SCRIPTS, Job
 
 pytestmark = [
     pytest.mark.timeout(240),
     pytest.mark.skipif(core.compiled is None, reason="the compiled core is not built here"),
-    pytest.mark.skipif(not (fastpath.available() and segments.available()),
+    pytest.mark.skipif(not (fast_slots.available() and segments.available()),
                        reason="the shared-memory paths need Linux on x86-64 and /dev/shm"),
 ]
 

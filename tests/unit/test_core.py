@@ -1,6 +1,6 @@
-"""The compiled core (minidist._core) against the pure one, in one process: every rank
-of a group runs its roles of the rooted area (minidist.fast_rooted) and its inbox rings
-(minidist.inbox) on one segment, each rank on the core the test draws; the segment's
+"""The compiled core (minidist.shm._core) against the pure one, in one process: every rank
+of a group runs its roles of the rooted area (minidist.shm.rooted_area) and its inbox rings
+(minidist.shm.inbox) on one segment, each rank on the core the test draws; the segment's
 every byte, the outputs and the errors must be those of an all-pure run. Plus the
 core's refusals of layouts and arrays that do not fit, and how a process chooses and
 names its core."""
@@ -20,11 +20,11 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from minidist import core, fastpath, inbox
 from minidist.errors import CollectiveMismatchError
-from minidist.fast_area import piece_bytes
-from minidist.fast_rooted import GATHER, SCATTER, Rooted, signature
 from minidist.group import Group
+from minidist.shm import core, fast_slots, inbox
+from minidist.shm.area_layout import piece_bytes
+from minidist.shm.rooted_area import GATHER, SCATTER, Rooted, signature
 
 needs_core = pytest.mark.skipif(core.compiled is None, reason="the compiled core is not built")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,7 +50,7 @@ def _call(kind: int, count: int, dtype: np.dtype, root: int, seq: int):
 
 
 def _areas(n: int, compiled: list[bool]) -> tuple[mmap.mmap, list[Rooted]]:
-    seg = mmap.mmap(-1, fastpath.segment_bytes(n))
+    seg = mmap.mmap(-1, fast_slots.segment_bytes(n))
     g = Group(7, tuple(range(n)))
     areas = []
     for me in range(n):
@@ -212,7 +212,7 @@ def test_inbox_records_are_the_same_bytes_on_either_core(rings, steps):
 @needs_core
 def test_layouts_and_arrays_that_do_not_fit_are_refused_and_change_nothing():
     n = 3
-    seg = mmap.mmap(-1, fastpath.segment_bytes(n))
+    seg = mmap.mmap(-1, fast_slots.segment_bytes(n))
     g = Group(7, tuple(range(n)))
     a = Rooted(seg, g, 0)
     with pytest.raises(ValueError, match="does not fit"):
@@ -256,7 +256,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
                           env=e, timeout=60)
 
 
-BLOCK_CORE = "import sys; sys.modules['minidist._core'] = None; "
+BLOCK_CORE = "import sys; sys.modules['minidist.shm._core'] = None; "
 
 
 @pytest.mark.timeout(120)

@@ -12,14 +12,15 @@ import time
 import numpy as np
 import pytest
 
-from minidist import fastpath, ops, wire
+from minidist import ops, wire
 from minidist.errors import DistError, DistTimeoutError
 from minidist.group import Group
 from minidist.ops import ReduceOp
 from minidist.plan import Call
+from minidist.shm import fast_slots
 
 pytestmark = [pytest.mark.timeout(30),
-              pytest.mark.skipif(not fastpath.available(), reason="no fast path here")]
+              pytest.mark.skipif(not fast_slots.available(), reason="no fast path here")]
 
 
 class Hooks:
@@ -47,8 +48,8 @@ def _call(group: Group, seq: int, count: int) -> Call:
 @pytest.fixture
 def pair():
     group = Group(7, (0, 1))
-    buf = mmap.mmap(-1, fastpath.segment_bytes(2))
-    slots = [fastpath.Slots(buf, group, me) for me in (0, 1)]
+    buf = mmap.mmap(-1, fast_slots.segment_bytes(2))
+    slots = [fast_slots.Slots(buf, group, me) for me in (0, 1)]
     return group, buf, slots  # an anonymous mapping: freed with its last view
 
 
@@ -74,16 +75,16 @@ def test_a_rank_that_timed_out_never_writes_the_segment_again(pair):
             s0.run(f, _call(group, f, 4), np.empty(4), x * 100, ReduceOp.SUM,
                    time.monotonic() + 10, Hooks())
     assert bytes(buf) == before
-    assert int(s0.words[fastpath.GAVE_UP // 4]) == 1  # group rank 0, plus one
+    assert int(s0.words[fast_slots.GAVE_UP // 4]) == 1  # group rank 0, plus one
 
 
 def test_a_reader_in_place_raises_once_a_peer_gave_up(pair):
     group, _buf, (s0, s1) = pair
     call = _call(group, 0, 4)
-    s1.words[fastpath.GAVE_UP // 4] = 2  # group rank 1 gave up on something
+    s1.words[fast_slots.GAVE_UP // 4] = 2  # group rank 1 gave up on something
     with pytest.raises(DistError, match="rank 1 gave up on the call"):
         s0._peers_stayed(call)
-    s1.words[fastpath.GAVE_UP // 4] = 0
+    s1.words[fast_slots.GAVE_UP // 4] = 0
     s0._peers_stayed(call)  # nobody gave up: no error
 
 

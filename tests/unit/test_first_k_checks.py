@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minidist import fast_rooted, fastpath, first_k
 from minidist.plan import Planner
+from minidist.shm import fast_slots, first_k, rooted_area
 
 
 def planner(rank: int = 0, n: int = 4) -> Planner:
@@ -42,15 +42,15 @@ def test_recv_many_refuses_bad_arguments(output, src, err):
 
 
 def test_rooted_calls_fit_up_to_1024_ranks_and_a_piece_each():
-    assert fast_rooted.piece_bytes(9) == 32 << 10  # a stack of 84 x 84 frames fits
-    assert fast_rooted.piece_bytes(129) == 32 << 10
-    assert fast_rooted.piece_bytes(1024) == 4608
-    assert fast_rooted.takes("scatter", 9, 28 << 10)
-    assert fast_rooted.takes("gather", 1024, 4608)
-    assert not fast_rooted.takes("gather", 1024, 4609)
-    assert not fast_rooted.takes("scatter", 1025, 8)
-    assert not fast_rooted.takes("all_to_all", 9, 8)
+    assert rooted_area.piece_bytes(9) == 32 << 10  # a stack of 84 x 84 frames fits
+    assert rooted_area.piece_bytes(129) == 32 << 10
+    assert rooted_area.piece_bytes(1024) == 4608
+    assert rooted_area.takes("scatter", 9, 28 << 10)
+    assert rooted_area.takes("gather", 1024, 4608)
+    assert not rooted_area.takes("gather", 1024, 4609)
+    assert not rooted_area.takes("scatter", 1025, 8)
+    assert not rooted_area.takes("all_to_all", 9, 8)
     for n in (2, 9, 64, 65, 129, 1024):  # the area lies between the slots and the mid area
-        assert fast_rooted.area_at(n) >= n * 2 * fastpath.SLOT
-        assert fast_rooted.area_at(n) + fast_rooted.area_bytes(n) <= fastpath.segment_bytes(n)
-        assert fast_rooted.area_bytes(n) <= 10 << 20
+        assert rooted_area.area_at(n) >= n * 2 * fast_slots.SLOT
+        assert rooted_area.area_at(n) + rooted_area.area_bytes(n) <= fast_slots.segment_bytes(n)
+        assert rooted_area.area_bytes(n) <= 10 << 20

@@ -7,8 +7,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from minidist import inbox, segments, wire
-from minidist.inbox import MESSAGE_BYTES, RING_SLOTS, Inbox, Outbox, Stash
+from minidist import segments, wire
+from minidist.shm import inbox
+from minidist.shm.inbox import MESSAGE_BYTES, RING_SLOTS, Inbox, Outbox, Stash
 
 pytestmark = pytest.mark.skipif(not segments.available(), reason="needs /dev/shm")
 

@@ -1,4 +1,4 @@
-"""The compiled core's lanes (minidist._core.Lane), in one process: a repeated message
+"""The compiled core's lanes (minidist.shm._core.Lane), in one process: a repeated message
 through an inbox's ring, checked, numbered in the engine's table and written or taken in
 one call, or handed back to Python untouched."""
 
@@ -11,9 +11,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from minidist import core, segments, wire
-from minidist.inbox import Inbox, Outbox
+from minidist import segments, wire
 from minidist.ops import dtype_code
+from minidist.shm import core
+from minidist.shm.inbox import Inbox, Outbox
 
 LANE = getattr(core.compiled, "Lane", None)
 pytestmark = [

@@ -9,10 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-from minidist import fast_area, fastpath, peer_memory
+from minidist import peer_memory
 from minidist.algorithms import cost
 from minidist.ops import ReduceOp
 from minidist.plan import Planner
+from minidist.shm import area_layout, fast_slots
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -86,7 +87,7 @@ def _planner(rank: int, keys: list) -> Planner:
 
 @pytest.mark.parametrize("n", [2, 8, 16])
 def test_large_all_reduces_read_the_peers_only_where_every_rank_can(n):
-    least = fastpath.DIRECT_MIN if n <= fastpath.MID_RANKS else fastpath.DIRECT_MIN_WIDE
+    least = fast_slots.DIRECT_MIN if n <= fast_slots.MID_RANKS else fast_slots.DIRECT_MIN_WIDE
     big, mid = least + 4, least
     same = ["k"] * n
     for keys, reads in ((same, True), (["k"] * (n - 1) + ["other user"], False),
@@ -104,65 +105,65 @@ def test_large_all_reduces_read_the_peers_only_where_every_rank_can(n):
         p = _planner(0, keys).prepare_all_reduce(np.ones(mid // 4, np.float32), ReduceOp.SUM,
                                                  None, None)
         assert not p.reads  # up to there: the mid area (or the segment) as before
-        assert (p.fast >= 0) == (n <= fastpath.MID_RANKS)
+        assert (p.fast >= 0) == (n <= fast_slots.MID_RANKS)
     # a subgroup of ranks that can read each other reads, even if others cannot
     pl = _planner(0, ["k", "k", None])
     g = pl.new_group([0, 1])
-    prep = pl.prepare_all_reduce(np.ones(fastpath.DIRECT_MIN // 4 + 1, np.float32),
+    prep = pl.prepare_all_reduce(np.ones(fast_slots.DIRECT_MIN // 4 + 1, np.float32),
                                  ReduceOp.SUM, g, None)
     assert prep.reads and prep.fast_numbers == 3
 
 
 def test_numbers_of_each_kind_of_fast_call():
-    assert fastpath.numbers(8, 4) == 1
-    assert fastpath.numbers(fastpath.MID_CHUNK * 2, 4, size=4) == 3  # two chunks, 3 barriers
-    assert fastpath.numbers(fastpath.MID_BYTES, 4, size=8) == 17  # 1 MiB chunks
-    assert fastpath.numbers(fastpath.MID_BYTES, 4, size=2) == 9  # 2 MiB chunks for pairs
-    pair = fastpath.MID_CHUNK_PAIR
-    assert fastpath.numbers(2 * pair, 4, size=2) == 3
-    assert fastpath.numbers(2 * pair - 4, 4, size=2) == -(-(2 * pair) // fastpath.MID_CHUNK) + 1
-    assert fastpath.chunk_bytes(3, 2 * pair) == fastpath.MID_CHUNK
-    assert fastpath.room_bytes(2) == pair and fastpath.room_bytes(3) == fastpath.MID_CHUNK
+    assert fast_slots.numbers(8, 4) == 1
+    assert fast_slots.numbers(fast_slots.MID_CHUNK * 2, 4, size=4) == 3  # two chunks, 3 barriers
+    assert fast_slots.numbers(fast_slots.MID_BYTES, 4, size=8) == 17  # 1 MiB chunks
+    assert fast_slots.numbers(fast_slots.MID_BYTES, 4, size=2) == 9  # 2 MiB chunks for pairs
+    pair = fast_slots.MID_CHUNK_PAIR
+    assert fast_slots.numbers(2 * pair, 4, size=2) == 3
+    assert fast_slots.numbers(2 * pair - 4, 4, size=2) == -(-(2 * pair) // fast_slots.MID_CHUNK) + 1
+    assert fast_slots.chunk_bytes(3, 2 * pair) == fast_slots.MID_CHUNK
+    assert fast_slots.room_bytes(2) == pair and fast_slots.room_bytes(3) == fast_slots.MID_CHUNK
     # every rank reduces whole, after one barrier, up to GATHER_BYTES / size
-    whole = fastpath.GATHER_BYTES // 4
-    assert fastpath.gathers(whole, 4) and fastpath.numbers(whole, 4, size=4) == 1
-    assert not fastpath.gathers(whole + 4, 4) and fastpath.numbers(whole + 4, 4, size=4) == 2
-    assert not fastpath.gathers(fastpath.SLOT_BYTES, 2)
-    assert not fastpath.gathers(fastpath.SLOT_BYTES + 4, fastpath.MID_RANKS + 1)
-    assert fastpath.segment_bytes(8) > fastpath.segment_bytes(4)
+    whole = fast_slots.GATHER_BYTES // 4
+    assert fast_slots.gathers(whole, 4) and fast_slots.numbers(whole, 4, size=4) == 1
+    assert not fast_slots.gathers(whole + 4, 4) and fast_slots.numbers(whole + 4, 4, size=4) == 2
+    assert not fast_slots.gathers(fast_slots.SLOT_BYTES, 2)
+    assert not fast_slots.gathers(fast_slots.SLOT_BYTES + 4, fast_slots.MID_RANKS + 1)
+    assert fast_slots.segment_bytes(8) > fast_slots.segment_bytes(4)
     # slots, then two banks of n + 1 chunks (the ranks' and the result)
-    assert fastpath.segment_bytes(2) >= 2 * 3 * fastpath.room_bytes(2)
-    assert fastpath.segment_bytes(4) >= 2 * 5 * fastpath.MID_CHUNK
+    assert fast_slots.segment_bytes(2) >= 2 * 3 * fast_slots.room_bytes(2)
+    assert fast_slots.segment_bytes(4) >= 2 * 5 * fast_slots.MID_CHUNK
     # no mid area: the slots (to a page) and the rooted calls' area
-    n = fastpath.MID_RANKS + 1
-    assert fastpath.segment_bytes(n) == (
-        -(-n * 2 * fastpath.SLOT // 4096) * 4096 + fast_area.area_bytes(n))
-    assert fastpath.numbers(1 << 30, 4, reads=True) == 3
-    assert fastpath.takes("all_reduce", 64, 1 << 30, direct=True)
-    assert not fastpath.takes("all_reduce", 65, 1 << 30, direct=True)
+    n = fast_slots.MID_RANKS + 1
+    assert fast_slots.segment_bytes(n) == (
+        -(-n * 2 * fast_slots.SLOT // 4096) * 4096 + area_layout.area_bytes(n))
+    assert fast_slots.numbers(1 << 30, 4, reads=True) == 3
+    assert fast_slots.takes("all_reduce", 64, 1 << 30, direct=True)
+    assert not fast_slots.takes("all_reduce", 65, 1 << 30, direct=True)
     # a broadcast of any size on up to MID_RANKS ranks, a step of the ranks' chunks of a
     # bank (never reading the peers)
-    assert fastpath.takes("broadcast", 2, 1 << 30)
-    assert fastpath.takes("broadcast", fastpath.MID_RANKS, 1 << 30, direct=True)
-    assert not fastpath.takes("broadcast", fastpath.MID_RANKS + 1, fastpath.SLOT_BYTES + 1)
-    assert fastpath.takes("broadcast", fastpath.MAX_RANKS, fastpath.SLOT_BYTES)
-    assert not fastpath.reads_peers("broadcast", 1 << 30, True)
-    step = fastpath.bank_bytes(4)
-    assert step == 4 * fastpath.MID_CHUNK  # not the bank's result chunk
-    assert fastpath.bank_bytes(2) == 2 * fastpath.room_bytes(2)
-    assert fastpath.numbers(fastpath.SLOT_BYTES + 4, 4, size=4, collective="broadcast") == 1
-    assert fastpath.numbers(step, 1, size=4, collective="broadcast") == 1
-    assert fastpath.numbers(step + 1, 1, size=4, collective="broadcast") == 2
-    assert fastpath.numbers(fastpath.SLOT_BYTES, 4, size=4, collective="broadcast") == 1
-    assert not fastpath.reads_peers("all_reduce", fastpath.DIRECT_MIN, True)
-    assert fastpath.reads_peers("all_reduce", fastpath.DIRECT_MIN + 1, True)
-    wide = fastpath.MID_RANKS + 1  # no mid area: reads from DIRECT_MIN_WIDE on
-    assert not fastpath.reads_peers("all_reduce", fastpath.DIRECT_MIN_WIDE, True, wide)
-    assert fastpath.reads_peers("all_reduce", fastpath.DIRECT_MIN_WIDE + 1, True, wide)
-    assert fastpath.takes("all_reduce", wide, fastpath.DIRECT_MIN_WIDE + 1, direct=True)
-    assert not fastpath.reads_peers("all_reduce", fastpath.DIRECT_MIN_WIDE + 1, True,
-                                    fastpath.MID_RANKS)
-    assert not fastpath.reads_peers("all_reduce", 1 << 30, False)
+    assert fast_slots.takes("broadcast", 2, 1 << 30)
+    assert fast_slots.takes("broadcast", fast_slots.MID_RANKS, 1 << 30, direct=True)
+    assert not fast_slots.takes("broadcast", fast_slots.MID_RANKS + 1, fast_slots.SLOT_BYTES + 1)
+    assert fast_slots.takes("broadcast", fast_slots.MAX_RANKS, fast_slots.SLOT_BYTES)
+    assert not fast_slots.reads_peers("broadcast", 1 << 30, True)
+    step = fast_slots.bank_bytes(4)
+    assert step == 4 * fast_slots.MID_CHUNK  # not the bank's result chunk
+    assert fast_slots.bank_bytes(2) == 2 * fast_slots.room_bytes(2)
+    assert fast_slots.numbers(fast_slots.SLOT_BYTES + 4, 4, size=4, collective="broadcast") == 1
+    assert fast_slots.numbers(step, 1, size=4, collective="broadcast") == 1
+    assert fast_slots.numbers(step + 1, 1, size=4, collective="broadcast") == 2
+    assert fast_slots.numbers(fast_slots.SLOT_BYTES, 4, size=4, collective="broadcast") == 1
+    assert not fast_slots.reads_peers("all_reduce", fast_slots.DIRECT_MIN, True)
+    assert fast_slots.reads_peers("all_reduce", fast_slots.DIRECT_MIN + 1, True)
+    wide = fast_slots.MID_RANKS + 1  # no mid area: reads from DIRECT_MIN_WIDE on
+    assert not fast_slots.reads_peers("all_reduce", fast_slots.DIRECT_MIN_WIDE, True, wide)
+    assert fast_slots.reads_peers("all_reduce", fast_slots.DIRECT_MIN_WIDE + 1, True, wide)
+    assert fast_slots.takes("all_reduce", wide, fast_slots.DIRECT_MIN_WIDE + 1, direct=True)
+    assert not fast_slots.reads_peers("all_reduce", fast_slots.DIRECT_MIN_WIDE + 1, True,
+                                    fast_slots.MID_RANKS)
+    assert not fast_slots.reads_peers("all_reduce", 1 << 30, False)
 
 
 def test_the_fast_path_choice_is_remembered_per_shape_and_forgotten_with_the_layout():

@@ -1,5 +1,5 @@
 """Rooted.reused, the look a call of the rooted area takes before it overwrites what
-the last call of its parity left (minidist.fast_rooted), against the rule stated in
+the last call of its parity left (minidist.shm.rooted_area), against the rule stated in
 the module, for every kind, root and progress of three ranks."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import types
 
 import numpy as np
 
-from minidist.fast_rooted import ALL_GATHER, GATHER, SCATTER, Rooted
+from minidist.shm.rooted_area import ALL_GATHER, GATHER, SCATTER, Rooted
 
 
 def rule(me: int, done: tuple, last: tuple, kind: int, root: int) -> bool:

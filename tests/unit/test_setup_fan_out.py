@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from minidist import shm_setup
 from minidist.errors import PeerLostError
+from minidist.shm import shared_setup
 
 
 def test_every_member_is_served_at_once_up_to_the_fan_out_and_answers_keep_their_order():
@@ -22,12 +22,12 @@ def test_every_member_is_served_at_once_up_to_the_fan_out_and_answers_keep_their
             return r * r
 
         ranks = list(range(1, 200))
-        answers = await asyncio.wait_for(shm_setup._each(ranks, work), 30)
+        answers = await asyncio.wait_for(shared_setup._each(ranks, work), 30)
         return answers, most
 
     answers, most = asyncio.run(go())
     assert answers == [r * r for r in range(1, 200)]
-    assert most == shm_setup.FAN_OUT
+    assert most == shared_setup.FAN_OUT
 
 
 def test_the_first_failure_is_raised_as_itself_and_the_rest_is_cancelled():
@@ -43,7 +43,7 @@ def test_the_first_failure_is_raised_as_itself_and_the_rest_is_cancelled():
                 cancelled.append(r)
                 raise
 
-        await asyncio.wait_for(shm_setup._each(list(range(1, 10)), work), 30)
+        await asyncio.wait_for(shared_setup._each(list(range(1, 10)), work), 30)
 
     with pytest.raises(PeerLostError, match="rank 5 is gone"):
         asyncio.run(go())

@@ -304,7 +304,7 @@ def _names_a_module(node: ast.ImportFrom, name: str, path: str) -> bool:
             base = base.parent
         if node.module:
             base = base.joinpath(*node.module.split("."))
-    # (a C extension of the package, like minidist/_core.c, is one of its modules too)
+    # (a C extension of the package, like minidist/shm/_core.c, is one of its modules too)
     return (base / f"{name}.py").is_file() or (base / name / "__init__.py").is_file() \
         or (base / f"{name}.c").is_file()
 

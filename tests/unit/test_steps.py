@@ -1,4 +1,4 @@
-"""The compiled core's steps (minidist._core.Step), in one process: a worker's repeated
+"""The compiled core's steps (minidist.shm._core.Step), in one process: a worker's repeated
 scatter or gather checked, numbered in the planner's and the engine's tables and run in
 one call on a real rooted area, or handed back to Python untouched or numbered with how
 far it got."""
@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from minidist import core, fastpath
-from minidist.fast_rooted import ALL_GATHER, GATHER, SCATTER, Rooted, signature
 from minidist.group import Group
+from minidist.shm import core, fast_slots
+from minidist.shm.rooted_area import ALL_GATHER, GATHER, SCATTER, Rooted, signature
 
 STEP = getattr(core.compiled, "Step", None)
 pytestmark = pytest.mark.skipif(STEP is None, reason="the compiled core is not active")
@@ -42,7 +42,7 @@ class Calls:
 @pytest.fixture
 def world():
     """A rooted area of N ranks (rank 0 the root) and rank 1's Python state around it."""
-    seg = mmap.mmap(-1, fastpath.segment_bytes(N))
+    seg = mmap.mmap(-1, fast_slots.segment_bytes(N))
     g = Group(GID, tuple(range(N)))
     areas = [Rooted(seg, g, me) for me in range(N)]
     if areas[1].core is None:

@@ -15,7 +15,7 @@ FRONT_ENDS = ["aio.py", "api.py", "objects.py", "kvstore.py", "shared_array.py",
               "gymnasium"]
 BELOW_THE_DOOR = ("minidist.engine", "minidist.rendezvous", "minidist.transport",
                   "minidist.session")
-PURE = ["wire.py", "plan.py", "prepared.py", "placement.py", "fast_plan.py", "socket_plan.py",
+PURE = ["wire.py", "plan.py", "prepared.py", "placement.py", "shm/planner.py", "socket_plan.py",
         "algorithms/schedule.py", "algorithms/analysis.py", "algorithms/cost.py",
         "gymnasium/_records.py"]
 
@@ -121,3 +121,20 @@ def _imports_of(node: ast.AST, mod: str, path: Path) -> list[tuple[str, set[str]
         base = base.rsplit(".", 1)[0]
     target = (f"{base}.{node.module}" if node.module else base) if node.level else node.module
     return [(target, set())] + [(f"{target}.{a.name}", set()) for a in node.names]
+
+
+SHM_INSIDE = ("_core", "area_layout", "rooted_area", "rooted_core", "waits", "inbox")
+
+
+def test_the_shared_memory_paths_live_in_one_subpackage():
+    """One node's shared-memory paths are minidist/shm: the layouts, both executors and
+    the interface the session calls. Nothing outside it reaches the layouts or the
+    compiled core, and no fast-path module lies beside the package's other modules."""
+    inside = {f"minidist.shm.{m}" for m in SHM_INSIDE}
+    for path in PKG.rglob("*.py"):
+        if path.is_relative_to(PKG / "shm"):
+            continue
+        for target, _ in _imports(path):
+            assert target not in inside, f"{path.relative_to(PKG)} imports {target}"
+    assert sorted(p.name for p in PKG.glob("fast*.py")) == []
+    assert (PKG / "shm" / "_core.c").is_file()

@@ -26,8 +26,8 @@ from chaos_common import WrongResult, event, params, result
 
 import minidist
 from minidist import peer_memory
-from minidist.fastpath import MID_RANKS
 from minidist.process_state import STATE
+from minidist.shm.fast_slots import MID_RANKS
 
 p = params()
 refuse = p.get("refuse_reads")

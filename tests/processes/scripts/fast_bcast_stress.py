@@ -10,19 +10,19 @@ import numpy as np
 from exact_reduce import data
 
 import minidist
-from minidist import fastpath
+from minidist.shm import fast_slots
 
 minidist.init(timeout=60)
 rank, n = minidist.get_rank(), minidist.get_world_size()
 sub = minidist.new_group(list(range(1, n)))
-SIZES = [fastpath.SLOT_BYTES + 8, 40_000, fastpath.MID_CHUNK + 16]
+SIZES = [fast_slots.SLOT_BYTES + 8, 40_000, fast_slots.MID_CHUNK + 16]
 total = sum(range(n))
 for i in range(120):
     members = list(range(n)) if i % 4 else list(range(1, n))
     group = None if i % 4 else sub
     if rank not in members:
         continue
-    step = fastpath.bank_bytes(len(members))
+    step = fast_slots.bank_bytes(len(members))
     nbytes = (SIZES + [step - 8, step, step + 8, 2 * step + 24, 20 << 20])[i % 8]
     dt = np.dtype([np.float32, np.int64, np.uint8, np.float64][i % 4])
     count = nbytes // dt.itemsize
@@ -41,7 +41,7 @@ for i in range(120):
     if i % 5 == 0:
         assert not room[1::2].any(), f"call {i}: the gaps of the strided array changed"
     if i % 3:  # an all_reduce on the same banks, straight after
-        y = np.full((fastpath.MID_CHUNK + 8) // 8, rank, np.int64)
+        y = np.full((fast_slots.MID_CHUNK + 8) // 8, rank, np.int64)
         minidist.all_reduce(y, group=group)
         assert (y == sum(members)).all(), f"call {i}: all_reduce after it {y[:4]}"
 # broadcasts and one-barrier all_reduces back to back: both use bank f % 2

@@ -11,9 +11,9 @@ import time
 import numpy as np
 
 import minidist
-from minidist import fastpath
+from minidist.shm import fast_slots
 
-victim, fastpath.CENTRAL_ABOVE = int(sys.argv[1]), int(sys.argv[2])
+victim, fast_slots.CENTRAL_ABOVE = int(sys.argv[1]), int(sys.argv[2])
 minidist.init(timeout=60)
 rank = minidist.get_rank()
 x = np.ones(int(sys.argv[3]) if len(sys.argv) > 3 else 4, np.float32)

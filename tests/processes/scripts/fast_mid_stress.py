@@ -11,14 +11,14 @@ import numpy as np
 from exact_reduce import check, data, expected
 
 import minidist
-from minidist import fastpath
+from minidist.shm import fast_slots
 
 minidist.init(timeout=60)
 rank, n = minidist.get_rank(), minidist.get_world_size()
 sub = minidist.new_group(list(range(1, n)))
-whole = fastpath.GATHER_BYTES // n // 8 * 8  # the largest that every rank reduces whole
-SIZES = [fastpath.SLOT_BYTES + 4, 3 * 4096 + 8, whole, whole + 8, fastpath.MID_BYTES]
-for chunk_bytes in (fastpath.MID_CHUNK, fastpath.MID_CHUNK_PAIR):  # pairs use both
+whole = fast_slots.GATHER_BYTES // n // 8 * 8  # the largest that every rank reduces whole
+SIZES = [fast_slots.SLOT_BYTES + 4, 3 * 4096 + 8, whole, whole + 8, fast_slots.MID_BYTES]
+for chunk_bytes in (fast_slots.MID_CHUNK, fast_slots.MID_CHUNK_PAIR):  # pairs use both
     SIZES[-1:-1] = [chunk_bytes - 8, chunk_bytes, chunk_bytes + 8, 2 * chunk_bytes - 8,
                     2 * chunk_bytes + 12]
 OPS = [minidist.ReduceOp.SUM, minidist.ReduceOp.MAX, minidist.ReduceOp.PRODUCT]
@@ -46,7 +46,7 @@ for i in range(90):
 # a one-barrier call, then straight into a chunked one (no small call between them)
 total = sum(range(n))
 for i in range(300):
-    for k, nbytes in enumerate((whole, fastpath.MID_CHUNK_PAIR * 2 + 8)):
+    for k, nbytes in enumerate((whole, fast_slots.MID_CHUNK_PAIR * 2 + 8)):
         x = np.full(nbytes // 8, rank + 1000 * (2 * i + k), np.int64)
         minidist.all_reduce(x)
         want = total + n * 1000 * (2 * i + k)

@@ -10,9 +10,9 @@ import sys
 import numpy as np
 
 import minidist
-from minidist import fastpath
+from minidist.shm import fast_slots
 
-fastpath.CENTRAL_ABOVE = int(sys.argv[1])
+fast_slots.CENTRAL_ABOVE = int(sys.argv[1])
 counts = [int(c) for c in sys.argv[2:4]] or [4, 3]
 minidist.init(timeout=30)
 rank = minidist.get_rank()

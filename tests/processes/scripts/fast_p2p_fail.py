@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 import minidist
-from minidist.fast_p2p import LINGER
+from minidist.shm.p2p import LINGER
 
 what = sys.argv[1]
 minidist.init(timeout=60)

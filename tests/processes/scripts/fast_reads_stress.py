@@ -12,8 +12,8 @@ import numpy as np
 from exact_reduce import check, data, expected
 
 import minidist
-from minidist import fastpath
 from minidist.api import door
+from minidist.shm import fast_slots
 
 expect = sys.argv[1] if len(sys.argv) > 1 else "on"
 if expect == "off" and os.environ.get("RANK") == "1":
@@ -21,8 +21,8 @@ if expect == "off" and os.environ.get("RANK") == "1":
 minidist.init(timeout=60)
 rank, n = minidist.get_rank(), minidist.get_world_size()
 sub = minidist.new_group(list(range(1, n)))
-base = fastpath.DIRECT_MIN
-piece = fastpath.DIRECT_CHUNK
+base = fast_slots.DIRECT_MIN
+piece = fast_slots.DIRECT_CHUNK
 SIZES = [base + 8, base + 4 * n * piece + 24, base + base // 4 + 40, base + 8 * (n - 1)]
 OPS = [minidist.ReduceOp.SUM, minidist.ReduceOp.MAX, minidist.ReduceOp.PRODUCT,
        minidist.ReduceOp.AVG]

@@ -6,10 +6,10 @@ import sys
 import numpy as np
 
 import minidist
-from minidist import fastpath
+from minidist.shm import fast_slots
 
 if len(sys.argv) > 1:  # groups above this size gather at rank 0, then are released
-    fastpath.CENTRAL_ABOVE = int(sys.argv[1])
+    fast_slots.CENTRAL_ABOVE = int(sys.argv[1])
 minidist.init(timeout=60)
 rank, n = minidist.get_rank(), minidist.get_world_size()
 sub = minidist.new_group(list(range(0, n, 2)))

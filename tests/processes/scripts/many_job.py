@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 import minidist
-from minidist import first_k
+from minidist.shm import first_k
 
 what = sys.argv[1]
 minidist.init(timeout=60)

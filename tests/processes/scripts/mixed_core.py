@@ -12,7 +12,7 @@ rank = int(os.environ["RANK"])
 pure = choice == "pure" or (choice == "alternate" and rank % 2 == 1)
 os.environ["MINIDIST_CORE"] = "0" if pure else "1"
 
-from minidist import core  # noqa: E402
+from minidist.shm import core  # noqa: E402
 
 print(f"CORE rank{rank} {core.name()}", flush=True)
 sys.argv = sys.argv[2:]

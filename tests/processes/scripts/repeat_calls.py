@@ -1,4 +1,4 @@
-"""Scatters and gathers repeated and varied (minidist.fast_repeat): dtypes, shapes,
+"""Scatters and gathers repeated and varied (minidist.shm.repeat): dtypes, shapes,
 roots, groups (the default one and an explicit one, a subgroup) and other calls in
 between, drawn alike on every rank with one seed; every value is checked. Then calls
 a remembered one would take but must not: a read-only output and a non-contiguous one
@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 import minidist
-from minidist import fast_repeat
+from minidist.shm import repeat
 
 minidist.init(timeout=60)
 rank, n = minidist.get_rank(), minidist.get_world_size()
@@ -59,7 +59,7 @@ for i in range(steps):
         if rank == root:
             for j, r in enumerate(members):
                 assert (out[j] == (r + val) % 100).all(), (i, what, out, r)
-remembered = {k: fast_repeat.remembered(k) is not None for k in ("scatter", "gather")}
+remembered = {k: repeat.remembered(k) is not None for k in ("scatter", "gather")}
 assert remembered == {k: k in used for k in remembered}, remembered
 
 # a remembered call's twin with an output it cannot write into
@@ -67,7 +67,7 @@ out = np.zeros(2, np.float32)
 src = np.arange(2 * n, dtype=np.float32) if rank == 0 else None
 minidist.scatter(out, src, src=0)
 minidist.scatter(out, src, src=0)
-assert fast_repeat.remembered("scatter") is not None
+assert repeat.remembered("scatter") is not None
 out.flags.writeable = False
 try:
     minidist.scatter(out, src, src=0)

@@ -1,4 +1,4 @@
-"""Blocking receives like the last one from their rank (minidist.fast_takes), on a node
+"""Blocking receives like the last one from their rank (minidist.shm.takes), on a node
 whose 9 ranks crowd its cores (receivers sleep at once, in the remembered receive).
 
 ``loop``: rank 0 (a learner) sends an action to each of ranks 1 - 8 and receives an
@@ -29,8 +29,8 @@ import time
 import numpy as np
 
 import minidist
-from minidist import core
 from minidist.process_state import STATE
+from minidist.shm import core
 
 what = sys.argv[1]
 minidist.init(timeout=60)

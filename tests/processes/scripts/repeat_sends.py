@@ -1,4 +1,4 @@
-"""Blocking sends like the last one to their rank (planned once, minidist.fast_p2p's
+"""Blocking sends like the last one to their rank (planned once, minidist.shm.p2p's
 send_again), mixed with every other kind: rank 0 sends rounds of messages to ranks 1 and
 2 on two tags, on the world and on a group of the same members (the same receiver and
 tag, another group), of two dtypes and two shapes of one size, with a strided array and

@@ -1,5 +1,5 @@
 """The RL loop's scatter and gather repeated with the same arrays take their role of the
-rooted area straight from minidist.fast_repeat (not the general run), and stay exact
+rooted area straight from minidist.shm.repeat (not the general run), and stay exact
 around what must send them the general way (argv: steps):
 
 * steps 0 .. steps: the learner scatters one action per worker (and varies the array it
@@ -22,14 +22,14 @@ import time
 import numpy as np
 
 import minidist
-from minidist import fast_repeat
 from minidist.errors import CollectiveMismatchError
+from minidist.shm import repeat
 
 steps = int(sys.argv[1])
 minidist.init(timeout=60)
 rank, n = minidist.get_rank(), minidist.get_world_size()
 general = [0]
-real = fast_repeat.Repeat._general
+real = repeat.Repeat._general
 
 
 def counted(self, *args):
@@ -37,7 +37,7 @@ def counted(self, *args):
     return real(self, *args)
 
 
-fast_repeat.Repeat._general = counted
+repeat.Repeat._general = counted
 act = np.zeros(1, np.int64)
 acts = [np.zeros(n, np.int64), np.zeros(n, np.int64)]
 obs = np.zeros(64, np.uint8)

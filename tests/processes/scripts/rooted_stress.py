@@ -1,4 +1,4 @@
-"""Scatter, gather and all_gather through the group's rooted area (minidist.fast_rooted),
+"""Scatter, gather and all_gather through the group's rooted area (minidist.shm.rooted_area),
 mixed with all_reduce and barrier (the fast slots), with random roots, dtypes and sizes
 up to the area's piece, and runs of the same kind back to back (a root that scatters
 twice in a row waits for its slow readers); every value is checked bit for bit against
@@ -9,13 +9,14 @@ import sys
 import numpy as np
 
 import minidist
-from minidist import api, fast_rooted
+from minidist import api
 from minidist.group import WORLD_ID
+from minidist.shm import rooted_area
 
 minidist.init(timeout=60)
 rank, n = minidist.get_rank(), minidist.get_world_size()
 rng = np.random.default_rng(int(sys.argv[1]))  # the same draws on every rank
-piece = fast_rooted.piece_bytes(n)
+piece = rooted_area.piece_bytes(n)
 DTYPES = [np.uint8, np.int32, np.float32, np.float64, np.int64]
 
 

@@ -4,15 +4,15 @@ An RL learner scatters actions to its env workers and gathers their observations
 same two calls with the same arrays, thousands of times a second; on a crowded node
 the Python run per call, not the shared memory, is what such a step costs (a rank's
 caches are cold after every switch, so each Python call of a layer costs microseconds).
-After a call took the fast path (:mod:`minidist.fast_rooted`) the blocking API
+After a call took the fast path (:mod:`minidist.shm.rooted_area`) the blocking API
 remembers it, one per kind and thread, as a :class:`Repeat`; the next call with the
 same group, root, dtype and shape (and C-contiguous, writable arrays) is numbered at
 once and, when nothing is unusual, runs its role of the rooted area
-(:meth:`~minidist.fast_rooted.Rooted.scatter_recv` and the others) straight from here,
+(:meth:`~minidist.shm.rooted_area.Rooted.scatter_recv` and the others) straight from here,
 with views of its pieces typed and shaped like the caller's arrays, made once. Anything
 unusual (another call's turn, an error or abort known on this rank, an earlier call that
 ended early, an area still being read, a scatter not yet settled) sends the numbered
-call through :meth:`minidist.fast_calls.FastCalls.run_rooted`, the general run, which
+call through :meth:`minidist.shm.calls.FastCalls.run_rooted`, the general run, which
 waits or raises as any fast call does. The same turns, refusals, deadlines, signature
 checks and errors apply: only the work that would give the same answer again is
 skipped. Any other call takes the general path, which raises what is wrong with it.
@@ -27,17 +27,17 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import DistError
+from ..prepared import FAST_INDEX, Call, Prepared
+from ..wire import Kind
 from . import core
-from .errors import DistError
-from .fast_rooted import signature
-from .fastpath import SLICE
-from .prepared import FAST_INDEX, Call, Prepared
-from .wire import Kind
+from .fast_slots import SLICE
+from .rooted_area import signature
 
 _local = threading.local()
 _all: weakref.WeakSet = weakref.WeakSet()  # every Repeat made, to forget at close
 _GONE = object()  # the door of a Repeat forgotten: no door is it
-_DIFFER, _WAIT_MORE = 1, 2  # minidist._core's answers
+_DIFFER, _WAIT_MORE = 1, 2  # minidist.shm._core's answers
 _STEP = getattr(core.compiled, "Step", None)  # a worker's call in one C call (None: none)
 
 
@@ -85,7 +85,7 @@ class Repeat:
         _all.add(self)
 
     def _compiled_step(self, door: Any) -> Any:
-        """The call as the compiled core's :class:`minidist._core.Step` (its checks,
+        """The call as the compiled core's :class:`minidist.shm._core.Step` (its checks,
         numbering, unusual cases and role in one C call; a root's step has its two
         arrays' shapes and makes the call its scatter leaves pending); None on the pure
         core, or if the planner does not number calls as that step does."""
@@ -197,8 +197,8 @@ class Repeat:
                 inp: np.ndarray | None) -> None:
         """:meth:`go` on a rank that is not the root, by the compiled core: the role in
         one call into it (a scatter's receive, a gather's send), the same steps as
-        :meth:`~minidist.fast_rooted.Rooted.scatter_recv` and
-        :meth:`~minidist.fast_rooted.Rooted.gather_send`; a wait past a slice, an area
+        :meth:`~minidist.shm.rooted_area.Rooted.scatter_recv` and
+        :meth:`~minidist.shm.rooted_area.Rooted.gather_send`; a wait past a slice, an area
         still being read or a mismatch go through those (the general steps)."""
         rooted, parity, kind, groot = self.rooted, f & 1, self.kind, self.groot
         last = rooted.last[parity]

@@ -1,5 +1,5 @@
 """The size of the rooted calls' area in a group's fast segment
-(:mod:`minidist.fast_rooted`), which :func:`minidist.fastpath.segment_bytes` counts:
+(:mod:`minidist.shm.rooted_area`), which :func:`minidist.shm.fast_slots.segment_bytes` counts:
 a header per rank and parity, then two pieces per rank. Pure arithmetic."""
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Setting up the fast segments of a rank's groups (the shared slots of
-:mod:`minidist.fastpath` and :mod:`minidist.fast_rooted`).
+:mod:`minidist.shm.fast_slots` and :mod:`minidist.shm.rooted_area`).
 
 Every member of a group sets its segment up at the group's first fast call, on the
 session's loop: the group's first rank makes it and sends its name to the others
-(:func:`minidist.shm_setup.lead_fast`, :func:`~minidist.shm_setup.join_fast`), which map
-it. A member that never comes makes the set-up fail as the call would; a rank lost
-meanwhile, or an abort, ends it at once on every member. When there is no room for it,
-every member learns so from the first rank, and the group's fast calls go over sockets.
+(:func:`~.shared_setup.lead_fast`, :func:`~.shared_setup.join_fast`), which map it. A
+member that never comes makes the set-up fail as the call would; a rank lost meanwhile,
+or an abort, ends it at once on every member. When there is no room for it, every
+member learns so from the first rank, and the group's fast calls go over sockets.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import contextlib
 import os
 from typing import Any
 
-from . import fast_rooted, fastpath, segments, shm_setup
-from .errors import DistError, DistTimeoutError
-from .prepared import FAST_TAG, Prepared
+from .. import segments
+from ..errors import DistError, DistTimeoutError
+from ..prepared import FAST_TAG, Prepared
+from . import fast_slots, rooted_area, shared_setup
 
 REFUSAL_CHECK = 0.02  # seconds before a set-up's first look at lost ranks and aborts
 REFUSAL_EVERY = 0.1  # the longest between its later looks, for 64 ranks; more for more
@@ -26,14 +27,14 @@ REFUSAL_EVERY = 0.1  # the longest between its later looks, for 64 ranks; more f
 
 class FastSegments:
     """The fast segments of one session's groups. ``slots`` maps a group's id to its
-    segment (:class:`minidist.fast_rooted.Fast`; None: its calls go over sockets); a
+    segment (:class:`minidist.shm.rooted_area.Fast`; None: its calls go over sockets); a
     group that is not in it has not been set up yet. ``session``: the
     :class:`~minidist.session.Session` they are part of (which imports this module)."""
 
     def __init__(self, session: Any) -> None:
         self.session = session
         self.engine = session.engine
-        self.slots: dict[int, fast_rooted.Fast | None] = {}
+        self.slots: dict[int, rooted_area.Fast | None] = {}
         self.room: dict[int, tuple[bool, bool]] = {}  # (mid area, reads) per group
         self._maps: list[object] = []
         self._setups: dict[int, asyncio.Future] = {}  # the set-ups under way, per group
@@ -72,12 +73,12 @@ class FastSegments:
         messages = s.setup_messages(g, FAST_TAG)
         try:
             if s.rank == leader:
-                seg, mid, reads = await self._unless_refused(p, shm_setup.lead_fast(
+                seg, mid, reads = await self._unless_refused(p, shared_setup.lead_fast(
                     s.job, segments.segment_name(s.job, key, os.getpid()), g,
                     s.plan.can_read(g), *messages, waiting))
             else:
-                seg, mid, reads = await self._unless_refused(p, shm_setup.join_fast(
-                    fastpath.segment_bytes(g.size), leader, *messages,
+                seg, mid, reads = await self._unless_refused(p, shared_setup.join_fast(
+                    fast_slots.segment_bytes(g.size), leader, *messages,
                     lambda name, size: self._attach(p, name, size, leader)))
         except DistTimeoutError:  # the rendezvous knows who never came to this call
             raise await self.engine.timeout_error(p.call, s.timeout_of(g),
@@ -87,7 +88,7 @@ class FastSegments:
             self.slots[g.id] = None
             return
         self._maps.append(seg)
-        self.slots[g.id] = fast_rooted.Fast(seg, g, g.rank_of(s.rank))
+        self.slots[g.id] = rooted_area.Fast(seg, g, g.rank_of(s.rank))
 
     async def _unless_refused(self, p: Prepared, work):
         """Await ``work`` (a set-up's exchange with some members), but raise at once what
@@ -135,8 +136,8 @@ class FastSegments:
         rank): else it runs over sockets."""
         gid = p.call.group.id
         return self.slots.get(gid) is not None and (
-            p.call.kind in fast_rooted.KINDS  # its area is in the slots' part
-            or shm_setup.fits(self.room[gid], p.reads, p.bufs["out"].nbytes))
+            p.call.kind in rooted_area.KINDS  # its area is in the slots' part
+            or shared_setup.fits(self.room[gid], p.reads, p.bufs["out"].nbytes))
 
     def close(self) -> None:
         """Forget every group's segment and unmap them (one still viewed by an array

@@ -1,7 +1,7 @@
-"""The roles of a group's rooted area (:mod:`minidist.fast_rooted`) that wait, run by
-the compiled core (``minidist._core.Area``, see :mod:`minidist.core`): the core runs the
+"""The roles of a group's rooted area (:mod:`minidist.shm.rooted_area`) that wait, run by
+the compiled core (``minidist.shm._core.Area``, see :mod:`minidist.shm.core`): the core runs the
 role in one call and comes back only when its wait lasted a slice (then
-:meth:`~minidist.fast_waits.Waits._wait` does the checks of a longer wait) or when the
+:meth:`~minidist.shm.waits.Waits._wait` does the checks of a longer wait) or when the
 call needs the Python steps (a scatter to settle whose receivers are not all through
 it, a mismatch to name)."""
 
@@ -11,16 +11,16 @@ import time
 
 import numpy as np
 
-from . import fastpath
-from .fastpath import ARRIVED, DIFFERS, RELEASE, SLEEPING_RELEASE, Hooks
+from . import fast_slots
+from .fast_slots import ARRIVED, DIFFERS, RELEASE, SLEEPING_RELEASE, Hooks
 
 SETTLED_TAIL = ("; found at this rank's next call on the group (#{}), which did not run; "
                 "the scatter's outputs hold the blocks the root sent")
-_WAIT_MORE, _DIFFER, _SETTLE_LATE, _SETTLE_DIFFERS = 2, 1, 3, 4  # minidist._core's answers
+_WAIT_MORE, _DIFFER, _SETTLE_LATE, _SETTLE_DIFFERS = 2, 1, 3, 4  # minidist.shm._core's answers
 
 
 class CompiledRoles:
-    """The waiting roles of :class:`minidist.fast_rooted.Rooted` by its compiled area
+    """The waiting roles of :class:`minidist.shm.rooted_area.Rooted` by its compiled area
     (``core``)."""
 
     core: object
@@ -37,7 +37,7 @@ class CompiledRoles:
         number = (f + 1) & 0x7FFFFFFF
         while True:
             got = self.core.scatter_recv(f, root, key, call.seq, out, nb,
-                                         min(fastpath.SLICE, deadline - time.monotonic()))
+                                         min(fast_slots.SLICE, deadline - time.monotonic()))
             if got != _WAIT_MORE:
                 return got == _DIFFER
             self._wait(hw + RELEASE // 4, number, hw + SLEEPING_RELEASE // 4, root, f & 1,
@@ -50,7 +50,7 @@ class CompiledRoles:
         settled on the way; when the scatter's receivers were not all through it, the
         core leaves the call, its arrivals counted, to the Python steps after
         :meth:`_collect`'s wait, here. ``first``: the core's answer to a first try
-        already made (by a :class:`minidist._core.Step`), to go on from."""
+        already made (by a :class:`minidist.shm._core.Step`), to go on from."""
         pending = self.pending
         pf, pkey = (pending[0], pending[1]) if pending is not None else (-1, b"")
         number, parity = (f + 1) & 0x7FFFFFFF, f & 1
@@ -60,7 +60,7 @@ class CompiledRoles:
             else:
                 got, bad = self.core.gather_root(
                     f, key, call.seq, src, out, nb, pf, pkey,
-                    min(fastpath.SLICE, deadline - time.monotonic()))
+                    min(fast_slots.SLICE, deadline - time.monotonic()))
             if got != _WAIT_MORE:
                 break
             self._wait((head + ARRIVED) >> 2, self.size - 1, None, None, parity, number,

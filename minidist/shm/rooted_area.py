@@ -2,13 +2,13 @@
 caller's thread: the learner / env-worker step of an RL loop without socket or event loop.
 
 These calls share their group's fast-call numbers and its turn with
-:mod:`minidist.fastpath` (so every fast call of a group runs in one order on every
+:mod:`minidist.shm.fast_slots` (so every fast call of a group runs in one order on every
 rank) and use an area of their own after the fast slots in the same segment. A call of
 at most :func:`piece_bytes` per rank on a group of at most :data:`MAX_RANKS` ranks
 takes this path.
 
 Layout of the area: per rank and parity (fast call ``f`` uses parity ``f % 2``), a
-64-byte header (the layout of :mod:`minidist.fastpath`'s: the rank's *number* word,
+64-byte header (the layout of :mod:`minidist.shm.fast_slots`'s: the rank's *number* word,
 its call's signature, the *release*, *sleeping* and *arrived* words), then one *done*
 word (int64) per rank: the number of fast calls of the group it has finished, counted
 in this area; then per rank and parity one *piece* of :func:`piece_bytes` bytes: what
@@ -45,7 +45,7 @@ A call with root ``R`` (group rank 0 for all_gather):
   passed; a scatter's root and the receivers that agree with it may have returned from
   the call before the mismatch is found, with the blocks they were sent.
 
-Memory ordering: as in :mod:`minidist.fastpath` (x86 TSO; each store and load is a
+Memory ordering: as in :mod:`minidist.shm.fast_slots` (x86 TSO; each store and load is a
 separate call into numpy's C code, which the compiler does not reorder across; the
 kernel's futex calls are full fences, and the release's wake-up follows the same
 flag-and-fence protocol, with the sleeper's call number as its flag: see
@@ -73,10 +73,10 @@ root stores only after it settled the scatter before.
 A call that ends early on a rank (an error, a timeout, an interrupt) leaves that rank
 unable to write the area again: every later call of the group on this path refuses on
 it (``gave_up``, also when the group's fast slots gave up, see
-:mod:`minidist.fastpath`), so a rank that resumes after the others gave up on it never
+:mod:`minidist.shm.fast_slots`), so a rank that resumes after the others gave up on it never
 overwrites what another still reads.
 
-Every wait is bounded as in :mod:`minidist.fastpath`: a short spin or yield while the
+Every wait is bounded as in :mod:`minidist.shm.fast_slots`: a short spin or yield while the
 group fits the cores, then futex sleeps of at most 0.1 s between which the call's
 deadline, ranks that died or left, an abort of the group and the rendezvous are
 checked; after 1 s the call is reported to the rendezvous (the stall check), and from
@@ -90,12 +90,11 @@ import struct
 
 import numpy as np
 
-from . import core, fastpath
-from .errors import CollectiveMismatchError, again
-from .fast_area import HEADER, area_bytes, piece_bytes, pieces_at
-from .fast_compiled import SETTLED_TAIL, CompiledRoles
-from .fast_waits import Waits
-from .fastpath import (
+from ..errors import CollectiveMismatchError, again
+from ..group import Group
+from . import core, fast_slots
+from .area_layout import HEADER, area_bytes, piece_bytes, pieces_at
+from .fast_slots import (
     ARRIVED,
     DIFFERS,
     RELEASE,
@@ -107,7 +106,8 @@ from .fastpath import (
     futex_wake,
     mismatch_error,
 )
-from .group import Group
+from .rooted_core import SETTLED_TAIL, CompiledRoles
+from .waits import Waits
 
 MAX_RANKS = 1024  # FUTEX_WAKE_OP compares with a 12-bit number: at most 4097
 _SIG = struct.Struct("<iiiiqIq")  # kind, dtype, op, root (group rank), count, shape, seq
@@ -128,8 +128,8 @@ def signature(call, root: int) -> bytes:
 
 def area_at(size: int) -> int:
     """Where the area starts in the group's fast segment: after the fast slots, before
-    the mid area (:func:`minidist.fastpath.segment_bytes` counts it)."""
-    return -(-size * 2 * fastpath.SLOT // 4096) * 4096
+    the mid area (:func:`minidist.shm.fast_slots.segment_bytes` counts it)."""
+    return -(-size * 2 * fast_slots.SLOT // 4096) * 4096
 
 
 def takes(collective: str, size: int, nbytes: int) -> bool:
@@ -141,7 +141,7 @@ def takes(collective: str, size: int, nbytes: int) -> bool:
 
 class Rooted(Waits, CompiledRoles):
     """One group's rooted calls in its fast segment ``buf``, seen from group rank ``me``;
-    ``slots``: the group's :class:`fastpath.Slots` (whose give-up this honours)."""
+    ``slots``: the group's :class:`fast_slots.Slots` (whose give-up this honours)."""
 
     def __init__(self, buf, group: Group, me: int, slots=None) -> None:
         n = self.size = group.size
@@ -243,7 +243,7 @@ class Rooted(Waits, CompiledRoles):
 
     # ------------------------------------------------------------------ one call's roles
     # (after its area's reuse: see reused; a call planned once runs these directly,
-    # :mod:`minidist.fast_repeat`, with typed views of its pieces and arrays)
+    # :mod:`minidist.shm.repeat`, with typed views of its pieces and arrays)
 
     def scatter_root(self, f: int, head: int, key: bytes, call, rows: np.ndarray,
                      src: np.ndarray, out: np.ndarray, mine: np.ndarray) -> None:
@@ -450,7 +450,7 @@ class Rooted(Waits, CompiledRoles):
         call before; a scatter it received, until its root settled it (see
         :meth:`_settle`), which it did only once every rank had read it; a scatter it
         was the root of, until it settled it. The slots' reuse argument
-        (:mod:`minidist.fastpath`) counts on every rank that finished call ``f + 1``
+        (:mod:`minidist.shm.fast_slots`) counts on every rank that finished call ``f + 1``
         knowing that all finished ``f``."""
         if self.pending is not None:
             self._settle(deadline, hooks, call)
@@ -490,12 +490,12 @@ class Rooted(Waits, CompiledRoles):
 
 
 class Fast:
-    """A group's fast segment as one: its :class:`fastpath.Slots` and its
+    """A group's fast segment as one: its :class:`fast_slots.Slots` and its
     :class:`Rooted` area; :meth:`run` takes either kind of fast call. A call that ended
     early on either makes both refuse from then on."""
 
     def __init__(self, buf, group: Group, me: int) -> None:
-        self.slots = fastpath.Slots(buf, group, me)
+        self.slots = fast_slots.Slots(buf, group, me)
         self.rooted = Rooted(buf, group, me, self.slots)
 
     @property
@@ -504,7 +504,7 @@ class Fast:
 
     def run(self, f: int, call, out: np.ndarray, src: np.ndarray, op, deadline: float,
             hooks: Hooks, reads: bool = False) -> None:
-        """Fast call number ``f`` (see :meth:`fastpath.Slots.run`)."""
+        """Fast call number ``f`` (see :meth:`fast_slots.Slots.run`)."""
         if call.kind in KINDS:
             self.rooted.run(f, call, out, src, deadline, hooks)
             return

@@ -145,10 +145,11 @@ from typing import Protocol
 
 import numpy as np
 
-from . import core, fast_area, ops, peer_memory
-from .errors import CollectiveMismatchError, DistError, PeerLostError, again
-from .group import Group
-from .ops import ReduceOp
+from .. import ops, peer_memory
+from ..errors import CollectiveMismatchError, DistError, PeerLostError, again
+from ..group import Group
+from ..ops import ReduceOp
+from . import area_layout, core
 
 FAST_COLLECTIVES = ("all_reduce", "broadcast", "barrier")
 SLOT_BYTES = 4096  # the largest payload of a fast call
@@ -273,7 +274,7 @@ else:
 
 
 def _mid_at(size: int) -> int:
-    return -(-size * 2 * SLOT // 4096) * 4096 + fast_area.area_bytes(size)
+    return -(-size * 2 * SLOT // 4096) * 4096 + area_layout.area_bytes(size)
 
 
 def room_bytes(size: int) -> int:
@@ -292,9 +293,9 @@ def chunk_bytes(size: int, nbytes: int) -> int:
 def segment_bytes(size: int) -> int:
     """The shared segment of a group of ``size`` ranks: its slots, then (for groups of at
     most MID_RANKS) the mid area. Its pages are reserved when it is made
-    (:mod:`minidist.shm_setup`): whole, or the slots alone when /dev/shm is short."""
+    (:mod:`minidist.shm.shared_setup`): whole, or the slots alone when /dev/shm is short."""
     if size > MID_RANKS:
-        return _mid_at(size)  # the slots and the rooted calls' area (minidist.fast_rooted)
+        return _mid_at(size)  # the slots and the rooted calls' area (minidist.shm.rooted_area)
     return _mid_at(size) + 2 * (size + 1) * room_bytes(size)
 
 

@@ -1,4 +1,4 @@
-"""Running fast calls (:mod:`minidist.fastpath`, :mod:`minidist.fast_rooted`) on the
+"""Running fast calls (:mod:`minidist.shm.fast_slots`, :mod:`minidist.shm.rooted_area`) on the
 caller's thread, never the loop's.
 
 A group's fast calls run one at a time, in the order they were planned (each takes its
@@ -19,19 +19,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import fast_rooted, fastpath, ops, wire
-from .errors import DistError, DistTimeoutError
-from .fast_segments import FastSegments
-from .prepared import Prepared
+from .. import ops, wire
+from ..errors import DistError, DistTimeoutError
+from ..prepared import Prepared
+from . import fast_slots, rooted_area
+from .group_segments import FastSegments
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ..runtime import Runtime
 
 POOL_THREADS = 32  # calls from the loop in flight: each waits for its turn on its own
 
 
 class _FastHooks:
-    """What a fast call asks the session while it waits (:class:`fastpath.Hooks`), from
+    """What a fast call asks the session while it waits (:class:`fast_slots.Hooks`), from
     the caller's thread; the loop's part is handed to ``loop``."""
 
     __slots__ = ("calls", "engine", "gone", "loop")
@@ -119,12 +120,12 @@ class FastCalls:
             out = p.bufs["out"]
             if call.kind == wire.Kind.BROADCAST:
                 src = out if call.root == self.rank else out[:0]
-            elif call.kind == wire.Kind.ALL_REDUCE or call.kind in fast_rooted.KINDS:
+            elif call.kind == wire.Kind.ALL_REDUCE or call.kind in rooted_area.KINDS:
                 src = p.bufs["in"]
             else:
                 src = out[:0]
             slots = self.slots[g.id]
-            if slots is not None and (out.nbytes <= fastpath.SLOT_BYTES and not p.reads
+            if slots is not None and (out.nbytes <= fast_slots.SLOT_BYTES and not p.reads
                                       or self._fits(p)):  # (small calls: at once)
                 slots.run(p.fast, call, out, src, p.op, deadline, hooks, p.reads)
             else:  # no shared memory for it: over sockets, on the loop
@@ -165,7 +166,7 @@ class FastCalls:
 
     def run_rooted(self, call, f: int, out: np.ndarray, src: np.ndarray,
                    loop: asyncio.AbstractEventLoop, key: bytes | None = None) -> None:
-        """:meth:`run` for a scatter or gather planned once (:mod:`minidist.fast_repeat`)
+        """:meth:`run` for a scatter or gather planned once (:mod:`minidist.shm.repeat`)
         on a group whose segment has its rooted area: the same turn, refusal, deadline
         and error handling, without a :class:`Prepared` (``key``: its signature)."""
         g = call.group
@@ -205,7 +206,7 @@ class FastCalls:
         """Whether a call like ``p`` (a scatter or gather that ran on the fast path) may
         be planned once and run by :meth:`run_rooted` from now on: its group's segment
         has the rooted area and nothing is traced."""
-        return (p.call.kind in fast_rooted.KINDS and self.engine.tracer is None
+        return (p.call.kind in rooted_area.KINDS and self.engine.tracer is None
                 and self.slots.get(p.call.group.id) is not None)
 
     def run_traced(self, p: Prepared, loop: asyncio.AbstractEventLoop) -> None:

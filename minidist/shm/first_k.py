@@ -3,7 +3,7 @@
 A learner that steps many env workers asynchronously takes whichever k workers are
 ready (EnvPool's ``batch_size < num_envs``). :func:`prepare` checks the call (on the
 caller's thread); the door then runs it on the caller's thread when this rank receives
-through its shared-memory inbox (:mod:`minidist.fast_p2p`, :func:`blocking`), else on
+through its shared-memory inbox (:mod:`minidist.shm.p2p`, :func:`blocking`), else on
 the loop (:func:`on_loop`: messages through sockets, async calls, minidist.aio).
 
 Both ways take the same messages in the same way: a message of ``tag`` on ``group``
@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import ops, wire
-from .errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError
-from .fastpath import SLICE, Patience
-from .group import Group
+from .. import ops, wire
+from ..errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError
+from ..group import Group
+from ..plan import P2P, Planner
+from .fast_slots import SLICE, Patience
 from .inbox import MESSAGE_BYTES
-from .plan import P2P, Planner
 
 SPIN_MANY = 100e-6  # how long a receiver spins while the node's ranks fit its cores
 

@@ -1,6 +1,6 @@
 """Running the calls of the ``shared_memory`` algorithm: their group's segment, in turns.
 
-A group's segment (:class:`minidist.shm_setup.AlgorithmSegment`) is set up by every
+A group's segment (:class:`minidist.shm.shared_setup.AlgorithmSegment`) is set up by every
 member at the group's first such call. It has two halves of
 :data:`~minidist.algorithms.shm.SEGMENT_BYTES`, which consecutive calls use in turn: a
 rank that finished a call may start the next before a slower one has copied out its
@@ -17,12 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from . import segments, shm_setup
-from .algorithms import shm as shm_algorithm
-from .algorithms.schedule import Schedule
-from .errors import DistError
-from .group import Group
-from .prepared import SHM_TAG, Prepared
+from .. import segments
+from ..algorithms import shm as shm_algorithm
+from ..algorithms.schedule import Schedule
+from ..errors import DistError
+from ..group import Group
+from ..prepared import SHM_TAG, Prepared
+from . import shared_setup
 
 
 class ShmCalls:
@@ -31,7 +32,7 @@ class ShmCalls:
 
     def __init__(self, session: Any) -> None:
         self.session = session
-        self.segments: dict[int, shm_setup.AlgorithmSegment] = {}  # per group
+        self.segments: dict[int, shared_setup.AlgorithmSegment] = {}  # per group
         self._locks: dict[int, asyncio.Lock] = {}
         self._turns: dict[int, int] = {}  # calls per group that ran in its segment so far
 
@@ -72,7 +73,7 @@ class ShmCalls:
         messages = s.setup_messages(g, SHM_TAG)
         if seg is None:
             try:
-                seg = self.segments[g.id] = await shm_setup.algorithm_segment(
+                seg = self.segments[g.id] = await shared_setup.algorithm_segment(
                     s.job, s.rank, g, segments.segment_name(s.job, g.id, os.getpid()),
                     *messages)
             except FileNotFoundError:  # the first rank gave up on this call meanwhile

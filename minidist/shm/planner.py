@@ -1,5 +1,5 @@
 """Planning the calls that take the fast path: small collectives of a group on one node,
-through its shared slots (:mod:`minidist.fastpath`, :mod:`minidist.fast_rooted`), run by
+through its shared slots (:mod:`minidist.shm.fast_slots`, :mod:`minidist.shm.rooted_area`), run by
 the caller's thread. Pure: no socket, no event loop."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import fast_rooted, fastpath, ops, wire
-from .group import Group
-from .ops import ReduceOp
-from .placement import Placement
-from .prepared import FAST_INDEX, Call, Prepared
+from .. import ops, wire
+from ..group import Group
+from ..ops import ReduceOp
+from ..placement import Placement
+from ..prepared import FAST_INDEX, Call, Prepared
+from . import fast_slots, rooted_area
 
 log = logging.getLogger("minidist.plan")
 
@@ -40,14 +41,14 @@ class FastPlanner:
         nbytes = count * dtype.itemsize
         placement = self.placement
         direct = placement.can_read(g)
-        rooted = fast_rooted.takes(collective, g.size, nbytes)
-        if not ((rooted or fastpath.takes(collective, g.size, nbytes, direct))
+        rooted = rooted_area.takes(collective, g.size, nbytes)
+        if not ((rooted or fast_slots.takes(collective, g.size, nbytes, direct))
                 and collective not in self.forced
                 and (placement.one_node or len(set(placement.layout(g))) == 1)):
             return ()
         digest = wire.shape_digest(shape)
-        reads = fastpath.reads_peers(collective, nbytes, direct, g.size)
-        uses = 1 if rooted else fastpath.numbers(nbytes, dtype.itemsize, reads, g.size,
+        reads = fast_slots.reads_peers(collective, nbytes, direct, g.size)
+        uses = 1 if rooted else fast_slots.numbers(nbytes, dtype.itemsize, reads, g.size,
                                                  collective)
         name = "single_copy" if reads else "shared_slots"
         return ops.dtype_code(dtype), digest, reads, uses, name
@@ -64,7 +65,7 @@ class FastPlanner:
 
     def take(self, g: Group) -> tuple[int, int]:
         """Number one more fast call of ``g`` that uses one fast-call number (a rooted
-        call planned once, :mod:`minidist.fast_repeat`): (its fast-call number, its call
+        call planned once, :mod:`minidist.shm.repeat`): (its fast-call number, its call
         number), as :meth:`prepare` numbers it."""
         f = self._numbers.get(g.id, 0)
         self._numbers[g.id] = f + 1
@@ -74,7 +75,7 @@ class FastPlanner:
                 op: ReduceOp, root: int, count: int, copied: np.ndarray | None,
                 finish: bool, fast: tuple) -> Prepared:
         """A call on one node through the group's shared slots, by the caller's thread
-        (:mod:`minidist.fastpath`), numbered among the group's fast calls; ``fast``:
+        (:mod:`minidist.shm.fast_slots`), numbered among the group's fast calls; ``fast``:
         what :meth:`plan` said of it."""
         code, digest, reads, uses, name = fast
         f = self._numbers.get(g.id, 0)

@@ -1,7 +1,7 @@
 """Blocking receives like the last one, planned once: an RL env worker receives the same
 kind of small message (an action) from its learner on every step, and planning,
 checking and decoding it again each time was most of what a receive through the inbox
-(:mod:`minidist.fast_p2p`) cost on a crowded node.
+(:mod:`minidist.shm.p2p`) cost on a crowded node.
 
 After a message from a rank with a tag was taken whole from its ring (its header was the
 one its sender writes for a message that fits), :class:`Takes` remembers its kind
@@ -18,8 +18,8 @@ general receive (:meth:`FastP2P._recv`) with the number it got, which takes, set
 aside, waits and raises exactly as for any receive; its deadline starts there, so such
 a receive may wait up to one sleep slice (0.1 s) longer than the group's timeout.
 
-With the compiled core, a remembered receive is also a :class:`minidist._core.Lane` in
-:attr:`~minidist.fast_routes.Remembered.lanes`: the blocking API's receive hands the
+With the compiled core, a remembered receive is also a :class:`minidist.shm._core.Lane` in
+:attr:`~minidist.shm.routes.Remembered.lanes`: the blocking API's receive hands the
 caller's array to it, and the checks, the numbering, the wait of one slice at most and
 the copy happen in one C call, in the inbox as above (its receiver lock held; the drain
 lock for the take). A receive it does not handle it leaves unnumbered; one whose message
@@ -34,13 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from . import wire
-from .fast_routes import LANE, Remembered
-from .fastpath import SLICE
-from .group import Group
+from .. import wire
+from ..group import Group
+from ..ops import dtype_code
+from ..plan import P2P
+from .fast_slots import SLICE
 from .inbox import MESSAGE_BYTES
-from .ops import dtype_code
-from .plan import P2P
+from .routes import LANE, Remembered
 
 
 class Take:
@@ -62,7 +62,7 @@ class Take:
 
 class Takes(Remembered):
     """One rank's remembered receives, taken from its inbox by ``p2p`` (its
-    :class:`minidist.fast_p2p.FastP2P`)."""
+    :class:`minidist.shm.p2p.FastP2P`)."""
 
     def __init__(self, p2p: Any) -> None:
         super().__init__()

@@ -2,13 +2,13 @@
 no socket and no event loop on either side.
 
 A blocking receive from a known rank of this node (into a buffer of any size, or of an
-object) opens this rank's inbox (:mod:`minidist.inbox`, created at the first such
+object) opens this rank's inbox (:mod:`minidist.shm.inbox`, created at the first such
 receive) and waits there: it spins briefly while the node's ranks fit its cores, yields
 while they are a few per core, then sleeps on the inbox's bell (rung by a message, and
 by the loop when a peer is gone), looking at its deadline and the rendezvous after 0.1 s
 and then less often, up to every second, while nothing rings. A send to a rank of
 this node whose inbox is open writes the message into its ring of that inbox (one of
-more than :data:`~minidist.inbox.MESSAGE_BYTES` into this rank's stash, and a record of
+more than :data:`~minidist.shm.inbox.MESSAGE_BYTES` into this rank's stash, and a record of
 it into the ring) and wakes the receiver only if it sleeps. Everything else, and a
 message that finds the inbox closed, its ring full or the stash without room, goes
 through the socket as before.
@@ -26,7 +26,7 @@ receive with ``async_op``, from any rank, a probe, minidist.aio) first closes th
 and moves what the rings hold to the mailbox; a sender that wrote a record while the
 inbox closed then sees it closed, and sends a doorbell frame (an empty message with
 :data:`DOORBELL_TAG`) through the socket: the receiver's loop moves the rings' records
-to the mailbox (the fence argument is in :mod:`minidist.inbox`). A sender that leaves
+to the mailbox (the fence argument is in :mod:`minidist.shm.inbox`). A sender that leaves
 rings the doorbell of every receiver whose message is still in its stash, and waits
 (:meth:`FastP2P.linger`) until their loops took them.
 """
@@ -39,15 +39,15 @@ import time
 
 import numpy as np
 
-from . import wire
-from .engine import tag_name
-from .errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError
-from .fast_routes import Routes
-from .fast_takes import Takes
-from .fastpath import IDLE_SLICE, SLICE, Patience
-from .group import Group
+from .. import wire
+from ..engine import tag_name
+from ..errors import CollectiveMismatchError, DistError, DistTimeoutError, PeerLostError
+from ..group import Group
+from ..plan import P2P, P2P_TAG_LIMIT
+from .fast_slots import IDLE_SLICE, SLICE, Patience
 from .inbox import MESSAGE_BYTES, Inbox, Outbox, Stash
-from .plan import P2P, P2P_TAG_LIMIT
+from .routes import Routes
+from .takes import Takes
 
 DOORBELL_TAG = P2P_TAG_LIMIT + 3  # "look at your rings": an empty frame, never a message
 RETRY_ATTACH = 0.05  # seconds at most before a sender looks again for an inbox it did not find
@@ -81,7 +81,7 @@ class FastP2P:
         self._no_stash = False
         self._send_lock = threading.Lock()
         self.drain_lock = threading.Lock()  # who takes records: a receiver or the loop
-        self.many_patience: Patience | None = None  # recv_many's spin (minidist.first_k's)
+        self.many_patience: Patience | None = None  # recv_many's spin (minidist.shm.first_k's)
         self.receiver = threading.Lock()  # one waiting receiver at a time
         self.waiting = False  # a receiver waits in the inbox (read by the loop)
         self._patience = Patience(SPIN_P2P)
@@ -313,7 +313,7 @@ class FastP2P:
 
     def _wait_briefly(self, inbox: Inbox, ring: int, seen: int, now: float) -> bool:
         """Spin or yield until ring ``ring`` or the bell changes (True), with the patience
-        of the fast path's waits (:class:`minidist.fastpath.Patience`)."""
+        of the fast path's waits (:class:`minidist.shm.fast_slots.Patience`)."""
         self._waits += 1
         if self._waits % RESET_EVERY == 0:  # the peers may be quicker now: try again
             self._patience.reset()

@@ -1,4 +1,4 @@
-"""How a rank of a group's rooted area (:mod:`minidist.fast_rooted`) waits for the
+"""How a rank of a group's rooted area (:mod:`minidist.shm.rooted_area`) waits for the
 others: every wait is bounded, a short spin or yield while the group fits the cores,
 then futex sleeps of at most 0.1 s between which the call's deadline, ranks that died
 or left and an abort of the group are checked; after 1 s the call is reported to the
@@ -12,14 +12,14 @@ import time
 
 import numpy as np
 
-from .fastpath import IDLE_SLICE, SLICE, STALL_REPORT, Hooks, Patience, futex_wait
-from .group import Group
+from ..group import Group
+from .fast_slots import IDLE_SLICE, SLICE, STALL_REPORT, Hooks, Patience, futex_wait
 
 CHECK_EVERY = 0.01  # seconds between a waiter's looks at deadlines and lost ranks
 
 
 class Waits:
-    """The waits of :class:`minidist.fast_rooted.Rooted` (whose area words, ``w``,
+    """The waits of :class:`minidist.shm.rooted_area.Rooted` (whose area words, ``w``,
     headers, ``heads``, and done words, ``dq``, they read)."""
 
     group: Group

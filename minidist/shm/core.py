@@ -1,7 +1,7 @@
 """Which executor runs the shared-memory paths' per-call work: the compiled core
-(``minidist._core``, built from ``minidist/_core.c`` by ``pip install``) or the pure-Python
-one. Both follow one protocol (the layouts of :mod:`minidist.fastpath`,
-:mod:`minidist.fast_area` and :mod:`minidist.fast_rooted`), so ranks of one job may run
+(``minidist.shm._core``, built from ``minidist/shm/_core.c`` by ``pip install``) or the pure-Python
+one. Both follow one protocol (the layouts of :mod:`minidist.shm.fast_slots`,
+:mod:`minidist.shm.area_layout` and :mod:`minidist.shm.rooted_area`), so ranks of one job may run
 either.
 
 ``MINIDIST_CORE=0`` forces the pure core; ``MINIDIST_REQUIRE_CORE=1`` makes ``import
@@ -16,7 +16,7 @@ import os
 import platform
 from types import ModuleType
 
-log = logging.getLogger("minidist.core")
+log = logging.getLogger("minidist.shm.core")
 
 HOW_TO_BUILD = ("to build it, install a C compiler and Python's headers (for example "
                 "`apt-get install gcc python3-dev`) and reinstall minidist (in a checkout: "
@@ -38,7 +38,7 @@ def _load() -> tuple[ModuleType | None, str]:
         from . import _core
     except ImportError as e:
         return None, f"the compiled core was not built or does not load ({e}); {HOW_TO_BUILD}"
-    return _core, f"minidist._core loaded from {_core.__file__}"
+    return _core, f"minidist.shm._core loaded from {_core.__file__}"
 
 
 compiled, why = _load()

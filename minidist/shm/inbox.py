@@ -24,7 +24,7 @@ while it is 1 (and the ring has room); otherwise it uses the socket. *BELL* is t
 word a waiting receiver sleeps on; *SLEEPING* says that one sleeps, so a sender makes
 the wake-up system call only then.
 
-Memory ordering (x86 TSO, as in :mod:`minidist.fastpath`): a writer stores the record,
+Memory ordering (x86 TSO, as in :mod:`minidist.shm.fast_slots`): a writer stores the record,
 then TAIL; a reader loads TAIL, then the record, then stores HEAD; stores become visible
 in program order and a load is not reordered with an older load nor a store with an
 older load, so a reader that sees TAIL sees the record, and a writer that sees HEAD
@@ -33,7 +33,7 @@ lets a load pass an older store): the writer stores TAIL then loads OPEN and SLE
 the reader stores OPEN = 0 (or SLEEPING = 1) then loads the TAILs. Each side fences
 between its store and its load, so at least one side sees the other's store: either the
 reader finds the record, or the writer sees the inbox closed (and rings the doorbell,
-see :mod:`minidist.fast_p2p`) or sees the reader asleep (and wakes it).
+see :mod:`minidist.shm.p2p`) or sees the reader asleep (and wakes it).
 
 A sender finds an inbox by name (its rank and the job's key, and the receiver's pid so
 that a name left by a killed process can be swept) and maps it only if this user owns
@@ -63,8 +63,9 @@ import struct
 
 import numpy as np
 
-from . import core, segments
-from .fastpath import fence, futex_wait, futex_wake
+from .. import segments
+from . import core
+from .fast_slots import fence, futex_wait, futex_wake
 
 MESSAGE_BYTES = 64 << 10  # the largest payload a message through an inbox carries
 RING_SLOTS = 4

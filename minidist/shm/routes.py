@@ -1,7 +1,7 @@
 """Blocking sends like the last one, planned once: an RL learner sends the same kind of
 small message (an action) to the same env workers on every step, and planning and
 checking it again each time was most of what a send through an inbox
-(:mod:`minidist.fast_p2p`) cost.
+(:mod:`minidist.shm.p2p`) cost.
 
 After a message went through its receiver's ring, :class:`Routes` remembers its kind
 (group, dtype, size and shape digest) by receiver and tag. The next blocking send there
@@ -13,7 +13,7 @@ general path, which checks and says what is wrong. A message that the ring does 
 take (full, or the inbox closed) goes on through the general path with the number it
 got, as any message does.
 
-With the compiled core, a route is also a :class:`minidist._core.Lane` in
+With the compiled core, a route is also a :class:`minidist.shm._core.Lane` in
 :attr:`Remembered.lanes`: the blocking API's send hands the caller's array to it, and
 the checks above, the numbering (in the engine's table) and the write into the ring
 happen in one C call, under the send lock and with the GIL held from the numbering to
@@ -30,11 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from . import core, wire
-from .group import Group
+from .. import wire
+from ..group import Group
+from ..ops import dtype_code
+from ..plan import P2P
+from . import core
 from .inbox import Outbox
-from .ops import dtype_code
-from .plan import P2P
 
 ROUTES = 1024  # remembered kinds and routes (by receiver and tag) before they are dropped
 LANE = getattr(core.compiled, "Lane", None)  # the compiled core's lanes (None: pure core)
@@ -56,7 +57,7 @@ class Route:
 
 class Remembered:
     """Messages planned once, by peer and tag (:class:`Routes` for sends,
-    :class:`minidist.fast_takes.Takes` for receives): ``kinds`` the kind of the last
+    :class:`minidist.shm.takes.Takes` for receives): ``kinds`` the kind of the last
     message that went through a ring with that peer and tag, ``made`` what was made of
     it for the next ones of that kind (each kept for at most ROUTES keys), ``lanes``
     the compiled lanes of what was made (by peer and tag; never replaced, so a caller
@@ -131,7 +132,7 @@ class Remembered:
 
 class Routes(Remembered):
     """One rank's remembered sends. ``lock`` and ``outboxes`` are the inboxes' writers'
-    (:class:`minidist.fast_p2p.FastP2P`'s send lock and mapped inboxes by receiver);
+    (:class:`minidist.shm.p2p.FastP2P`'s send lock and mapped inboxes by receiver);
     ``doorbell(group, dst, loop)`` tells a receiver whose inbox closed to look."""
 
     def __init__(self, session: Any, lock: threading.Lock, outboxes: dict[int, Outbox],

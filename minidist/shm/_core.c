@@ -1,7 +1,7 @@
-/* minidist._core: the compiled executor of the shared-memory paths' per-call work.
+/* minidist.shm._core: the compiled executor of the shared-memory paths' per-call work.
  *
  * One protocol, two executors: the layouts and their ordering argument are written once,
- * in Python (minidist.fastpath, minidist.fast_area, minidist.fast_rooted, minidist.inbox);
+ * in Python (minidist.shm.fast_slots, minidist.shm.area_layout, minidist.shm.rooted_area, minidist.shm.inbox);
  * this module receives every offset from there when an area is made, checks each against
  * the segment's size once, and then runs a call's whole role in one C call. The pure
  * executor (the same modules' Python methods) runs the same steps in the same order, so a
@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #if !defined(__x86_64__)
-#error "minidist._core: x86-64 only (the ordering argument counts on TSO)"
+#error "minidist.shm._core: x86-64 only (the ordering argument counts on TSO)"
 #endif
 
 #define KEY 28            /* the signature bytes ranks compare */
@@ -100,7 +100,7 @@ static inline void sys_futex_add(void *addr, int equals) {
 }
 
 /* How long a waiter spins, then yields, before it sleeps; halved after a wait that it
- * did not pay for, back to full after one that did (minidist.fastpath.Patience). */
+ * did not pay for, back to full after one that did (minidist.shm.fast_slots.Patience). */
 typedef struct {
     double spin_full, yield_full, spin, yielding;
 } patience_t;
@@ -177,7 +177,7 @@ static int as_addr(PyObject *o, void **out) {
     if (v == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
     if (v == 0 || (v & 3)) {
-        PyErr_SetString(PyExc_ValueError, "minidist._core: a futex word's address must be "
+        PyErr_SetString(PyExc_ValueError, "minidist.shm._core: a futex word's address must be "
                                           "non-zero and 4-byte aligned");
         return -1;
     }
@@ -285,7 +285,7 @@ static int mapped_hold(Mapped *m, PyObject *buf) {
 static int mapped_refuse(Mapped *m, const char *what) {
     PyBuffer_Release(&m->seg);
     m->held = 0;
-    PyErr_Format(PyExc_ValueError, "minidist._core.%s: the layout does not fit the segment",
+    PyErr_Format(PyExc_ValueError, "minidist.shm._core.%s: the layout does not fit the segment",
                  what);
     return -1;
 }
@@ -325,7 +325,7 @@ static PyObject *Mapped_fit(Mapped *m, PyObject *const *args, Py_ssize_t n) {
         {"release", (PyCFunction)Mapped_release, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}
 #define MAPPED_TYPE(T, doc)                                                             \
     {                                                                                   \
-        PyVarObject_HEAD_INIT(NULL, 0).tp_name = "minidist._core." #T,                  \
+        PyVarObject_HEAD_INIT(NULL, 0).tp_name = "minidist.shm._core." #T,                  \
         .tp_basicsize = sizeof(T), .tp_flags = Py_TPFLAGS_DEFAULT, .tp_doc = doc,       \
         .tp_new = PyType_GenericNew, .tp_init = (initproc)T##_init,                     \
         .tp_dealloc = (destructor)Mapped_dealloc, .tp_methods = T##_methods,            \
@@ -385,7 +385,7 @@ static int Area_init(Area *a, PyObject *args, PyObject *kw) {
 
 static int live(Area *a) {
     if (a->m.start == NULL) {
-        PyErr_SetString(PyExc_ValueError, "minidist._core.Area: released");
+        PyErr_SetString(PyExc_ValueError, "minidist.shm._core.Area: released");
         return 0;
     }
     return 1;
@@ -396,7 +396,7 @@ static int arg_rank(Area *a, PyObject *o, int *out) {
     if (v == -1 && PyErr_Occurred())
         return -1;
     if (v < 0 || v >= a->n) {
-        PyErr_SetString(PyExc_ValueError, "minidist._core.Area: rank out of range");
+        PyErr_SetString(PyExc_ValueError, "minidist.shm._core.Area: rank out of range");
         return -1;
     }
     *out = (int)v;
@@ -405,7 +405,7 @@ static int arg_rank(Area *a, PyObject *o, int *out) {
 
 static int arg_key(PyObject *o, const char **out) {
     if (!PyBytes_Check(o) || PyBytes_GET_SIZE(o) != KEY) {
-        PyErr_SetString(PyExc_ValueError, "minidist._core.Area: a key is 28 bytes");
+        PyErr_SetString(PyExc_ValueError, "minidist.shm._core.Area: a key is 28 bytes");
         return -1;
     }
     *out = PyBytes_AS_STRING(o);
@@ -418,7 +418,7 @@ static int arg_buf(PyObject *o, Py_buffer *view, Py_ssize_t nbytes, int writable
         return -1;
     if (view->len != nbytes) {
         PyBuffer_Release(view);
-        PyErr_Format(PyExc_ValueError, "minidist._core.Area: %zd bytes where %zd were "
+        PyErr_Format(PyExc_ValueError, "minidist.shm._core.Area: %zd bytes where %zd were "
                                        "expected", view->len, nbytes);
         return -1;
     }
@@ -430,7 +430,7 @@ static int arg_nb(Area *a, PyObject *o, Py_ssize_t *out) {
     if (v == -1 && PyErr_Occurred())
         return -1;
     if (v < 0 || v > a->piece) {
-        PyErr_SetString(PyExc_ValueError, "minidist._core.Area: more bytes than a piece");
+        PyErr_SetString(PyExc_ValueError, "minidist.shm._core.Area: more bytes than a piece");
         return -1;
     }
     *out = v;
@@ -451,7 +451,7 @@ static int differing(Area *a, int parity, const char *key) {
 }
 
 /* scatter_root(f, key, seq, src, out, nb): the root's whole role (see
- * minidist.fast_rooted.Rooted.scatter_root); nothing to wait for. */
+ * minidist.shm.rooted_area.Rooted.scatter_root); nothing to wait for. */
 static PyObject *Area_scatter_root(Area *a, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "scatter_root(f, key, seq, src, out, nb)");
@@ -656,7 +656,7 @@ static PyObject *Area_wait(Area *a, PyObject *const *args, Py_ssize_t nargs) {
     if (PyErr_Occurred() || !live(a))
         return NULL;
     if (word < 0 || word % 4 || word + 4 > a->m.bytes || flag % 4 || flag + 4 > a->m.bytes) {
-        PyErr_SetString(PyExc_ValueError, "minidist._core.Area.wait: offset out of range");
+        PyErr_SetString(PyExc_ValueError, "minidist.shm._core.Area.wait: offset out of range");
         return NULL;
     }
     int got;
@@ -678,11 +678,11 @@ static PyMethodDef Area_methods[] = {
 };
 
 static PyTypeObject AreaType = MAPPED_TYPE(
-    Area, "A group's rooted area (minidist.fast_rooted) run by the compiled core.");
+    Area, "A group's rooted area (minidist.shm.rooted_area) run by the compiled core.");
 
 /* ------------------------------------------------------------------ inboxes (p2p) */
 
-/* A rank's inbox (minidist.inbox), mapped by its reader or by a sender: a 64-byte inbox
+/* A rank's inbox (minidist.shm.inbox), mapped by its reader or by a sender: a 64-byte inbox
  * header (OPEN, BELL, SLEEPING), then per ring `ctrl` bytes holding HEAD (int32) and
  * TAIL, then from `data` each ring's `slots` records of `record` bytes, ring by ring.
  * `room`: the bytes of a record a put may write (a sender's reserved pages). */
@@ -746,14 +746,14 @@ static inline void ring_at(Box *b, int ring, char **ctl, char **recs) {
 /* ring `o`'s HEAD/TAIL words (*ctl) and its first record (*recs) */
 static int box_ring(Box *b, PyObject *o, char **ctl, char **recs) {
     if (b->m.start == NULL) {
-        PyErr_SetString(PyExc_ValueError, "minidist._core.Box: released");
+        PyErr_SetString(PyExc_ValueError, "minidist.shm._core.Box: released");
         return -1;
     }
     long v = PyLong_AsLong(o);
     if (v == -1 && PyErr_Occurred())
         return -1;
     if (v < 0 || v >= b->rings) {
-        PyErr_SetString(PyExc_ValueError, "minidist._core.Box: ring out of range");
+        PyErr_SetString(PyExc_ValueError, "minidist.shm._core.Box: ring out of range");
         return -1;
     }
     ring_at(b, (int)v, ctl, recs);
@@ -771,7 +771,7 @@ static PyObject *Box_room(Box *b, PyObject *const *args, Py_ssize_t nargs) {
     if (n == -1 && PyErr_Occurred())
         return NULL;
     if (n < b->header || n > b->record) {
-        PyErr_SetString(PyExc_ValueError, "minidist._core.Box: room out of range");
+        PyErr_SetString(PyExc_ValueError, "minidist.shm._core.Box: room out of range");
         return NULL;
     }
     b->room = n;
@@ -780,7 +780,7 @@ static PyObject *Box_room(Box *b, PyObject *const *args, Py_ssize_t nargs) {
 
 static int box_header(Box *b, PyObject *o, const char **out) {
     if (!PyBytes_Check(o) || PyBytes_GET_SIZE(o) != b->header) {
-        PyErr_SetString(PyExc_ValueError, "minidist._core.Box: a record's header is 64 bytes");
+        PyErr_SetString(PyExc_ValueError, "minidist.shm._core.Box: a record's header is 64 bytes");
         return -1;
     }
     *out = PyBytes_AS_STRING(o);
@@ -821,7 +821,7 @@ static int box_put_raw(Box *b, char *ring, char *recs, const char *header, const
 
 /* put(ring, header, payload) -> 0 (not written: closed or full), 1 (written), 2 (written,
  * but the inbox closed meanwhile), 3 (not written: longer than the room, see room()):
- * minidist.inbox.Outbox.put. payload: a C-contiguous buffer or None. */
+ * minidist.shm.inbox.Outbox.put. payload: a C-contiguous buffer or None. */
 static PyObject *Box_put(Box *b, PyObject *const *args, Py_ssize_t nargs) {
     char *ring, *recs;
     const char *header;
@@ -838,7 +838,7 @@ static PyObject *Box_put(Box *b, PyObject *const *args, Py_ssize_t nargs) {
             return NULL;
         if (pay.len > b->record - b->header) {
             PyBuffer_Release(&pay);
-            PyErr_SetString(PyExc_ValueError, "minidist._core.Box: a payload larger than "
+            PyErr_SetString(PyExc_ValueError, "minidist.shm._core.Box: a payload larger than "
                                               "a record");
             return NULL;
         }
@@ -868,7 +868,7 @@ static int box_take_raw(Box *b, char *ring, char *recs, const char *header, void
 
 /* take_if(ring, header, into) -> bool: the oldest record of the ring, if its header is
  * `header`, copied into `into` (a writable C-contiguous buffer of the payload's size)
- * and removed: minidist.inbox.Inbox.take_if. */
+ * and removed: minidist.shm.inbox.Inbox.take_if. */
 static PyObject *Box_take_if(Box *b, PyObject *const *args, Py_ssize_t nargs) {
     char *ring, *recs;
     const char *header;
@@ -883,7 +883,7 @@ static PyObject *Box_take_if(Box *b, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     if (into.len > b->record - b->header) {
         PyBuffer_Release(&into);
-        PyErr_SetString(PyExc_ValueError, "minidist._core.Box: more bytes than a record");
+        PyErr_SetString(PyExc_ValueError, "minidist.shm._core.Box: more bytes than a record");
         return NULL;
     }
     int took = box_take_raw(b, ring, recs, header, into.buf, into.len);
@@ -904,7 +904,7 @@ static int ring_news(const void *ctx) {
 
 /* Until the ring (HEAD/TAIL words at `ring`) holds a record (1) or the bell moved from
  * `seen` or `nap` seconds passed (0); spins or yields, then sleeps on the bell saying so
- * (minidist.inbox.Inbox.will_sleep / sleep). Releases the GIL. */
+ * (minidist.shm.inbox.Inbox.will_sleep / sleep). Releases the GIL. */
 static int box_wait_raw(Box *b, char *ring, int32_t seen, double nap) {
     ring_news_t news = {(int32_t *)(ring + b->head_at), (int32_t *)(ring + b->tail_at),
                         (int32_t *)(b->m.start + b->bell_at), seen};
@@ -948,7 +948,7 @@ static PyMethodDef Box_methods[] = {
 };
 
 static PyTypeObject BoxType = MAPPED_TYPE(
-    Box, "A rank's inbox (minidist.inbox), its rings run by the compiled core.");
+    Box, "A rank's inbox (minidist.shm.inbox), its rings run by the compiled core.");
 
 /* ------------------------------------------------------------------ repeated calls' checks */
 
@@ -991,7 +991,7 @@ static long long count_up(PyObject *table, PyObject *key, int from_zero) {
         Py_DECREF(v);
         if (n < 0) {
             if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "minidist._core: a negative number");
+                PyErr_SetString(PyExc_ValueError, "minidist.shm._core: a negative number");
             return -1;
         }
     }
@@ -1048,12 +1048,12 @@ static int array_view(PyObject *arr, PyObject *ndarray, PyObject *dtype, PyObjec
 /* ------------------------------------------------------------------ repeated messages */
 
 /* A Lane is one repeated point-to-point message, planned once by Python
- * (minidist.fast_routes for sends, minidist.fast_takes for receives): the same group,
+ * (minidist.shm.routes for sends, minidist.shm.takes for receives): the same group,
  * peer, tag, dtype and shape, through one ring of one inbox. A call checks the caller's
  * arguments against it, numbers the message in the engine's table (the one the general
  * path numbers in), and puts or takes the record in one C call. Whatever it does not
  * handle it hands back to Python untouched, or numbered (a receive that must wait
- * longer), as minidist.fast_routes and minidist.fast_takes say. The GIL is held from the
+ * longer), as minidist.shm.routes and minidist.shm.takes say. The GIL is held from the
  * numbering to the put or take, except in a receive's wait, so no Python thread runs
  * between them. */
 typedef struct {
@@ -1094,7 +1094,7 @@ static int Lane_init(Lane *l, PyObject *args, PyObject *kw) {
     if (b->m.start == NULL || ring < 0 || ring >= b->rings || PyBytes_GET_SIZE(header) != 64 ||
         b->header != 64 || nbytes < 0 || nbytes > b->record - b->header ||
         !PyType_Check(o[2]) || !PyTuple_Check(o[4]) || !PyTuple_Check(o[6]) || l->group != NULL) {
-        PyErr_SetString(PyExc_ValueError, "minidist._core.Lane: a lane that does not fit");
+        PyErr_SetString(PyExc_ValueError, "minidist.shm._core.Lane: a lane that does not fit");
         return -1;
     }
     if (receives) {
@@ -1192,7 +1192,7 @@ static long long lane_number(Lane *l, PyObject **seqs) {
     if (*seqs == NULL)
         return -1;
     if (!PyDict_CheckExact(*seqs)) { /* (a plain dict runs no Python code: see the type) */
-        PyErr_SetString(PyExc_TypeError, "minidist._core.Lane: the engine's numbers");
+        PyErr_SetString(PyExc_TypeError, "minidist.shm._core.Lane: the engine's numbers");
         Py_CLEAR(*seqs);
         return -1;
     }
@@ -1216,7 +1216,7 @@ static void lane_unnumber(Lane *l, PyObject *seqs, long long seq) {
 
 /* send(array, group) -> True (written into the receiver's ring), 2 (written, but the
  * inbox closed meanwhile: ring its doorbell) or None (nothing done, not numbered: the
- * general path sends it). minidist.fast_routes.Routes.send_again in one call. */
+ * general path sends it). minidist.shm.routes.Routes.send_again in one call. */
 static PyObject *Lane_send(Lane *l, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || l->receives) {
         PyErr_SetString(PyExc_TypeError, "send(array, group) on a sending lane");
@@ -1278,7 +1278,7 @@ static PyObject *Lane_send(Lane *l, PyObject *const *args, Py_ssize_t nargs) {
     return PyLong_FromLong(result);
 }
 
-/* After a receive in the inbox (as minidist.fast_p2p.FastP2P.in_inbox ends one): the
+/* After a receive in the inbox (as minidist.shm.p2p.FastP2P.in_inbox ends one): the
  * receiver waits no more; receives on the loop, if any, get the rings. */
 static int lane_leave_inbox(Lane *l) {
     if (PyObject_SetAttr(l->holder, s_waiting, Py_False) < 0)
@@ -1316,7 +1316,7 @@ static int lane_may_sleep(Lane *l) {
 /* recv(array, group) -> True (the message is in `array`), None (nothing done, not
  * numbered: the general path receives it) or its number (an int: it was not there
  * within a slice; the general receive takes it on with that number).
- * minidist.fast_takes.Takes.recv_again in one call. */
+ * minidist.shm.takes.Takes.recv_again in one call. */
 static PyObject *Lane_recv(Lane *l, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !l->receives) {
         PyErr_SetString(PyExc_TypeError, "recv(array, group) on a receiving lane");
@@ -1430,10 +1430,10 @@ static PyMethodDef Lane_methods[] = {
 };
 
 static PyTypeObject LaneType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "minidist._core.Lane",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "minidist.shm._core.Lane",
     .tp_basicsize = sizeof(Lane), .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "One repeated message through an inbox's ring (minidist.fast_routes, "
-              "minidist.fast_takes), sent or taken in one call.",
+    .tp_doc = "One repeated message through an inbox's ring (minidist.shm.routes, "
+              "minidist.shm.takes), sent or taken in one call.",
     .tp_new = PyType_GenericNew, .tp_init = (initproc)Lane_init,
     .tp_dealloc = (destructor)Lane_dealloc, .tp_methods = Lane_methods,
     .tp_getset = Lane_getset,
@@ -1442,13 +1442,13 @@ static PyTypeObject LaneType = {
 /* ------------------------------------------------------------------ repeated rooted calls */
 
 /* A Step is a worker's (not the root's) repeated scatter or gather, planned once by
- * Python (minidist.fast_repeat): the same group, root, dtype and shape through the
+ * Python (minidist.shm.repeat): the same group, root, dtype and shape through the
  * group's rooted area. One call checks the caller's arguments, numbers the call (the
  * group's fast-call number and call number, in the planner's and the engine's tables),
- * looks at what would make the call unusual (minidist.fast_repeat.Repeat._unusual, the
+ * looks at what would make the call unusual (minidist.shm.repeat.Repeat._unusual, the
  * engine's may_refuse), and runs the role (Area_scatter_recv or Area_gather_send) and
  * its book-keeping. What it does not finish it hands back to Python: untouched (None),
- * or numbered with how far it got, as minidist.fast_repeat says. */
+ * or numbered with how far it got, as minidist.shm.repeat says. */
 typedef struct {
     PyObject_HEAD
     Area *area;
@@ -1460,7 +1460,7 @@ typedef struct {
     long long f, seq; /* the call numbered by the last run (f < 0: it numbered none) */
     /* the root's step: the shape of its other array (a scatter's input, a
      * gather's output; `shape` is the first's) and how a call is made for its
-     * pending scatter (minidist.fast_repeat.Repeat._call) */
+     * pending scatter (minidist.shm.repeat.Repeat._call) */
     int is_root;
     PyObject *in_shape, *make_call;
 } Step;
@@ -1492,7 +1492,7 @@ static int Step_init(Step *s, PyObject *args, PyObject *kw) {
         (!PyArg_ParseTuple(root_extra, "O!O", &PyTuple_Type, &in_shape, &make_call) ||
          !PyCallable_Check(make_call))) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "minidist._core.Step: (in_shape, make_call)");
+            PyErr_SetString(PyExc_TypeError, "minidist.shm._core.Step: (in_shape, make_call)");
         return -1;
     }
     Area *a = (Area *)area;
@@ -1505,7 +1505,7 @@ static int Step_init(Step *s, PyObject *args, PyObject *kw) {
         PyBytes_GET_SIZE(o[7]) != KEY ||
         !PyType_Check(o[4]) || !PyTuple_Check(o[6]) || !PyDict_Check(o[10]) ||
         !PyDict_Check(o[12]) || !PyDict_Check(o[16])) {
-        PyErr_SetString(PyExc_ValueError, "minidist._core.Step: a step that does not fit");
+        PyErr_SetString(PyExc_ValueError, "minidist.shm._core.Step: a step that does not fit");
         return -1;
     }
     s->nb = PyLong_FromSsize_t(nbytes);
@@ -1596,12 +1596,12 @@ static int step_unusual(Step *s, long long f, int pending_ok) {
 }
 
 /* Whether whoever read what this call overwrites finished reading it in `last`, the
- * area's previous call of this parity (minidist.fast_rooted.Rooted.reused): 1, 0, -1. */
+ * area's previous call of this parity (minidist.shm.rooted_area.Rooted.reused): 1, 0, -1. */
 static int step_reused(Step *s, Area *a, PyObject *last) {
     if (last == Py_None)
         return 1;
     if (!PyTuple_Check(last) || PyTuple_GET_SIZE(last) != 3) {
-        PyErr_SetString(PyExc_TypeError, "minidist._core.Step: the area's last call");
+        PyErr_SetString(PyExc_TypeError, "minidist.shm._core.Step: the area's last call");
         return -1;
     }
     long long lf = PyLong_AsLongLong(PyTuple_GET_ITEM(last, 0));
@@ -1611,7 +1611,7 @@ static int step_reused(Step *s, Area *a, PyObject *last) {
         return -1;
     long me = a->me, root = s->groot_code;
     if (lroot < 0 || lroot >= a->n) {
-        PyErr_SetString(PyExc_ValueError, "minidist._core.Step: the area's last root");
+        PyErr_SetString(PyExc_ValueError, "minidist.shm._core.Step: the area's last root");
         return -1;
     }
     if (lkind == K_SCATTER && s->kind_code == K_SCATTER) {
@@ -1641,7 +1641,7 @@ static int step_take_area(Step *s, Area *area, long long f, long long seq, PyObj
     if (last_list == NULL)
         return -1;
     if (!PyList_Check(last_list) || PyList_GET_SIZE(last_list) != 2) {
-        PyErr_SetString(PyExc_TypeError, "minidist._core.Step: the area's last calls");
+        PyErr_SetString(PyExc_TypeError, "minidist.shm._core.Step: the area's last calls");
         goto done;
     }
     int reused = step_reused(s, area, PyList_GET_ITEM(last_list, f & 1));
@@ -1768,7 +1768,7 @@ static PyObject *root_go(Step *s, Area *area, PyObject *out, PyObject *inp, long
             pkey = Py_NewRef(PyTuple_GET_ITEM(pending, 1));
         } else {
             Py_DECREF(pending);
-            PyErr_SetString(PyExc_TypeError, "minidist._core.Step: a pending scatter");
+            PyErr_SetString(PyExc_TypeError, "minidist.shm._core.Step: a pending scatter");
             goto done;
         }
         Py_DECREF(pending);
@@ -1835,7 +1835,7 @@ static PyObject *step_goes(Step *s, Area *area, PyObject *out, PyObject *inp, lo
  * answer to finish (WAIT_MORE, DIFFER); a root's (f, seq, how, bad): how < 0 as a
  * worker's, else the answer of the gather's root (WAIT_MORE, SETTLE_LATE, SETTLE_DIFFERS,
  * DIFFER; bad: the rank that differs). A scatter's root leaves its call pending, as
- * minidist.fast_rooted.Rooted.scatter_root does. An exception after the numbering leaves
+ * minidist.shm.rooted_area.Rooted.scatter_root does. An exception after the numbering leaves
  * (f, seq) in `numbered`. */
 static PyObject *Step_run(Step *s, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
@@ -1882,7 +1882,7 @@ static PyObject *Step_go(Step *s, PyObject *const *args, Py_ssize_t nargs) {
     if ((f == -1 || seq == -1) && PyErr_Occurred())
         return NULL;
     if (f < 0 || seq < 0) {
-        PyErr_SetString(PyExc_ValueError, "minidist._core.Step: a negative number");
+        PyErr_SetString(PyExc_ValueError, "minidist.shm._core.Step: a negative number");
         return NULL;
     }
     if (s->area == NULL)
@@ -1925,9 +1925,9 @@ static PyMethodDef Step_methods[] = {
 };
 
 static PyTypeObject StepType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "minidist._core.Step",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "minidist.shm._core.Step",
     .tp_basicsize = sizeof(Step), .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A worker's repeated scatter or gather (minidist.fast_repeat), in one call.",
+    .tp_doc = "A worker's repeated scatter or gather (minidist.shm.repeat), in one call.",
     .tp_new = PyType_GenericNew, .tp_init = (initproc)Step_init,
     .tp_dealloc = (destructor)Step_dealloc, .tp_methods = Step_methods,
     .tp_getset = Step_getset,
@@ -1949,8 +1949,8 @@ static PyMethodDef core_methods[] = {
 };
 
 static struct PyModuleDef core_module = {
-    PyModuleDef_HEAD_INIT, "minidist._core",
-    "The compiled executor of minidist's shared-memory paths (see minidist.core).", -1,
+    PyModuleDef_HEAD_INIT, "minidist.shm._core",
+    "The compiled executor of minidist's shared-memory paths (see minidist.shm.core).", -1,
     core_methods, NULL, NULL, NULL, NULL,
 };
 

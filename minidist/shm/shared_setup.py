@@ -14,7 +14,7 @@ calls need it: a call that needs more than is reserved has its group's first ran
 reserve more first and tell the others how much there is, so all run it over sockets
 alike when there was no room.
 
-The fast segment (:mod:`minidist.fastpath`) is all reserved, else only its slots (the
+The fast segment (:mod:`minidist.shm.fast_slots`) is all reserved, else only its slots (the
 calls that need its mid area go over sockets), else none of it. When the ranks' keys
 say they may read each other's memory (:mod:`minidist.peer_memory`), the set-up also
 tries it, once: the first rank sends where it can be read, each other rank reads it and
@@ -34,9 +34,10 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from . import fastpath, peer_memory, segments
-from .algorithms import shm as shm_algorithm
-from .group import Group
+from .. import peer_memory, segments
+from ..algorithms import shm as shm_algorithm
+from ..group import Group
+from . import fast_slots
 
 FAN_OUT = 32  # a set-up's messages in flight at once (a connection each, at first)
 NO_SEGMENT = b"-"  # a group's first rank had no room for a segment: no name follows
@@ -47,16 +48,16 @@ Recv = Callable[[int], Awaitable[bytes]]
 def slots_bytes(size: int) -> int:
     """The bytes of a fast segment of ``size`` ranks before its mid area (all of it for
     groups too large for one)."""
-    whole = fastpath.segment_bytes(size)
-    if size > fastpath.MID_RANKS:
+    whole = fast_slots.segment_bytes(size)
+    if size > fast_slots.MID_RANKS:
         return whole
-    return whole - 2 * (size + 1) * fastpath.room_bytes(size)
+    return whole - 2 * (size + 1) * fast_slots.room_bytes(size)
 
 
 def make_fast(job: str, name: str, size: int) -> tuple[mmap.mmap | None, bool]:
     """(the fast segment of a group of ``size`` ranks, whether its mid area is reserved),
     made by the group's first rank; (None, False) if not even its slots fit."""
-    whole, slots = fastpath.segment_bytes(size), slots_bytes(size)
+    whole, slots = fast_slots.segment_bytes(size), slots_bytes(size)
     try:
         return segments.create(name, whole), whole > slots
     except segments.NoRoom as e:
@@ -216,5 +217,5 @@ def fits(room: tuple[bool, bool], reads: bool, nbytes: int) -> bool:
     can run in a fast segment of which ``room`` = (mid area, reads) holds."""
     if reads:
         return room[1]
-    return room[0] or nbytes <= fastpath.SLOT_BYTES
+    return room[0] or nbytes <= fast_slots.SLOT_BYTES
 
