@@ -137,3 +137,30 @@ def test_the_type_stubs_declare_the_made_functions(name):
     assert written == stubs.stub(name), f"{stubs.path(name)} is stale: python -m tests.unit.stubs"
     for fn in ("all_reduce", "recv", "scan") if name != "minidist.elastic_api" else ("agree",):
         assert f"def {fn}(" in written
+
+
+def _global_loads(code: types.CodeType) -> set[str]:
+    """The global names ``code`` (and the code nested in it) loads."""
+    import dis
+
+    names = {i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_loads(const)
+    return names
+
+
+@pytest.mark.parametrize("module", [api, aio, elastic_api], ids=lambda m: m.__name__)
+def test_every_made_function_finds_the_names_it_uses(module):
+    """The made functions are compiled from source text (the shapes), which no linter
+    reads: every global one of them loads must exist in its module, or the first call
+    of that shape raises NameError."""
+    made = [fn for fn in vars(module).values()
+            if isinstance(fn, types.FunctionType) and fn.__module__ == module.__name__
+            and fn.__code__.co_filename.startswith("<")]
+    assert len(made) >= (3 if module is elastic_api else 10), f"{module.__name__}: {len(made)}"
+    for fn in made:
+        missing = {n for n in _global_loads(fn.__code__)
+                   if n not in fn.__globals__ and not hasattr(__builtins__, n)
+                   and not (isinstance(__builtins__, dict) and n in __builtins__)}
+        assert not missing, f"{module.__name__}.{fn.__name__} uses undefined {missing}"
