@@ -9,8 +9,9 @@ Targets (all_reduce of float32 on the processes of this node unless named):
 * barrier, n = 64: at most 2 ms.
 
 Every run is one ``minidist bench ... --json`` invocation (minidist, then gloo, then
-MPI if ``--vs`` says so): one from 4 B to 1 MiB with many calls per size (after 500
-untimed ones: the first size's times settle only after a few hundred calls), one from 4
+MPI if ``--vs`` says so): one from 4 B to 1 MiB with many calls per size (after 2000
+untimed ones: a job's first few hundred calls run up to 4x slower, 800 of them at n = 4
+on 2 cores), one from 4
 to 64 MiB with 30 per size (after 5 untimed ones) in ``--rounds`` rounds (every system
 runs once per round, in turn; its ratio is the median of the ratios within a round, so
 that a slow spell of the machine, which lasts longer than a round, weighs on both sides
@@ -71,7 +72,7 @@ def runs(ns: list[int], only: set[str], rounds: int = 1
         if "small" in only:
             out.append((f"all_reduce 4 B - 1 MiB n={n}",
                         ["all_reduce", "-n", str(n), "--min-bytes", "4", "--max-bytes", "1M",
-                         "--factor", "4", "--iters", "300", "--warmup", "500"], small))
+                         "--factor", "4", "--iters", "300", "--warmup", "2000"], small))
         if "large" in only:
             out.append((f"all_reduce 4 - 64 MiB n={n}",
                         ["all_reduce", "-n", str(n), "--min-bytes", "4M", "--max-bytes",
