@@ -29,7 +29,7 @@ from .socket_plan import SocketPlanner
 log = logging.getLogger("minidist.plan")
 
 FAST_KINDS = (wire.Kind.ALL_REDUCE, wire.Kind.BROADCAST, wire.Kind.BARRIER, wire.Kind.SCATTER,
-              wire.Kind.GATHER, wire.Kind.ALL_GATHER)  # see fastpath, fast_rooted
+              wire.Kind.GATHER, wire.Kind.ALL_GATHER)  # see shm.fast_slots, shm.rooted_area
 PLAN_CACHE = 4096  # calls whose algorithm and schedule a session remembers
 
 
@@ -61,7 +61,7 @@ class Planner:
         self._number = number
         self._group_counts: dict[tuple[int, ...], int] = {}
         self._plans: dict[tuple, tuple] = {}
-        self.fast = False  # calls that fit take the fast path (fastpath.takes)
+        self.fast = False  # calls that fit take the fast path (shm.fast_slots.takes)
         self._digests: dict[tuple[int, ...], int] = {}
         self._fast_plans: dict[tuple, tuple] = {}  # see FastPlanner.plan
 

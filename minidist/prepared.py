@@ -78,7 +78,7 @@ class Prepared:
     sent: frozenset[int] = frozenset()  # first-step sends done from the caller's thread
     fast: int = -1  # a fast call (minidist.shm.fast_slots): its number among the group's, else -1
     fast_numbers: int = 1  # ... and how many of the group's fast-call numbers it uses
-    reads: bool = False  # ... and whether it reads its peers' vectors (fastpath.reads_peers)
+    reads: bool = False  # ... and whether it reads its peers' vectors (shm.fast_slots.reads_peers)
 
 
 P2P_TAG_LIMIT = 1 << 31  # tags from 2**31 up are minidist's own

@@ -76,7 +76,7 @@ class Waits:
 
     def _wait(self, word: int, want: int, flag: int | None, releaser: int | None,
               parity: int, number: int, deadline: float, hooks: Hooks, call) -> None:
-        """Until the int32 ``word`` holds ``want`` (see :meth:`fastpath.Slots._wait`):
+        """Until the int32 ``word`` holds ``want`` (see :meth:`.fast_slots.Slots._wait`):
         ``flag`` the word where a sleeper says so (None: the writer always wakes);
         ``releaser`` the group rank that must store the word (checked for being gone)."""
         words = self.w
