@@ -100,6 +100,31 @@ class Remembered:
             return None
         return digest
 
+    def remembered(self, array: object, peer: int, tag: int,
+                   group: object) -> tuple[Any, Group] | None:
+        """(what was made for the messages with ``peer`` and ``tag``, its group) if
+        ``array`` on ``group`` (None: the default group) is a C-contiguous numpy array of
+        its kind; else None, nothing made yet being learnt from this one (the general
+        path plans it, and the next one of its kind finds what was made)."""
+        try:
+            made = self.made.get((peer, tag))
+        except TypeError:  # not a rank or not a tag: the general path says so
+            return None
+        g = self.plan.default if group is None else group
+        if made is None:
+            self._learn(array, peer, tag, g)
+            return None
+        if g is not made.group or type(array) is not np.ndarray or \
+                array.dtype is not made.dtype or array.shape != made.shape or \
+                not array.flags.c_contiguous:
+            return None
+        return made, g
+
+    def _learn(self, array: object, peer: int, tag: int, g: object) -> None:
+        """Make something of ``array``'s kind for the next messages with ``peer`` and
+        ``tag``, if it is the kind of the last one (:meth:`like`)."""
+        raise NotImplementedError
+
     def make(self, peer: int, tag: int, made: Any) -> None:
         """Use ``made`` (and its compiled lane, if it has one) for the next messages with
         ``peer`` and ``tag``."""
@@ -156,17 +181,10 @@ class Routes(Remembered):
         the message numbered (a :class:`P2P`) if the ring took nothing (it then goes as
         any message does); None if it has no route (nothing was done: the general path
         plans it, and the next one of its kind takes the route)."""
-        try:
-            r = self.made.get((dst, tag))
-        except TypeError:  # not a rank or not a tag: the general path says so
+        found = self.remembered(array, dst, tag, group)
+        if found is None:
             return None
-        g = self.plan.default if group is None else group
-        if r is None:
-            self._learn(array, dst, tag, g)
-            return None
-        if g is not r.group or type(array) is not np.ndarray or array.dtype is not r.dtype \
-                or array.shape != r.shape or not array.flags.c_contiguous:
-            return None
+        r, g = found
         e = self.engine
         if dst in e.lost or dst in e.left or e.rendezvous_lost is not None:
             return None  # the general path says why

@@ -84,20 +84,10 @@ class Takes(Remembered):
         once the message is in ``array`` (DistError raises as from any receive); False
         if it has none (nothing was done: the general path plans it, and the next one
         of its kind is remembered)."""
-        try:
-            t = self.made.get((src, tag))
-        except TypeError:  # not a rank or not a tag: the general path says so
+        found = self.remembered(array, src, tag, group)
+        if found is None or not array.flags.writeable:
             return False
-        g = self.plan.default if group is None else group
-        if t is None:
-            self._learn(array, src, tag, g)
-            return False
-        if g is not t.group or type(array) is not np.ndarray or array.dtype is not t.dtype \
-                or array.shape != t.shape:
-            return False
-        flags = array.flags
-        if not (flags.c_contiguous and flags.writeable):
-            return False
+        t, g = found
         p2p = self.p2p
         if p2p.inbox is not t.inbox:  # closed, or made again
             return False
