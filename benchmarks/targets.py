@@ -10,8 +10,8 @@ Targets (all_reduce of float32 on the processes of this node unless named):
 
 Every run is one ``minidist bench ... --json`` invocation (minidist, then gloo, then
 MPI if ``--vs`` says so): one from 4 B to 1 MiB with many calls per size (after 2000
-untimed ones: calls in the first tenth of a second or so after init() run up to 4x
-slower, about 800 of them at n = 4 on 2 cores), one from 4
+untimed ones: calls in the first tenth of a second or so after init() run slower,
+while the job finishes starting), one from 4
 to 64 MiB with 30 per size (after 5 untimed ones) in ``--rounds`` rounds (every system
 runs once per round, in turn; its ratio is the median of the ratios within a round, so
 that a slow spell of the machine, which lasts longer than a round, weighs on both sides
