@@ -956,7 +956,7 @@ static PyTypeObject BoxType = MAPPED_TYPE(
 static PyObject *s_default, *s_dtype, *s_shape, *s_lost, *s_left, *s_rendezvous_lost,
     *s_acquire, *s_release, *s_inbox, *s_waiting, *s_early, *s_is_dead, *s_p2p_waiting,
     *s_call_soon_threadsafe, *s_p2p_seqs, *s_aborted, *s_broken, *s_died, *s_gave_up,
-    *s_pending, *s_last, *s_behind, *s_turn_done;
+    *s_pending, *s_last, *s_behind, *s_turn_done, *s_slots;
 
 /* Whether o.name is None (1), not (0), or -1 on an error. */
 static int attr_is_none(PyObject *o, PyObject *name) {
@@ -1458,6 +1458,12 @@ typedef struct {
     PyObject *kind, *group_arg, *g, *planner, *ndarray, *dtype, *shape, *key, *groot, *gid,
         *numbers, *entered, *turns, *engine, *fast, *rooted, *slots, *calls, *nb, *nap;
     long long f, seq; /* the call numbered by the last run (f < 0: it numbered none) */
+    /* the group's fast slots (fast.slots): with the rooted area, whose gave_up words
+     * fast.gave_up reads; NULL: read fast.gave_up itself */
+    PyObject *fslots;
+    /* failed(f, seq, exc), called when a run raises after numbering its call (None:
+     * nobody is told) */
+    PyObject *failed;
     /* the root's step: the shape of its other array (a scatter's input, a
      * gather's output; `shape` is the first's) and how a call is made for its
      * pending scatter (minidist.shm.repeat.Repeat._call) */
@@ -1518,6 +1524,13 @@ static int Step_init(Step *s, PyObject *args, PyObject *kw) {
                            &s->slots, &s->calls};
     for (int i = 0; i < 18; i++)
         *fields[i] = Py_NewRef(o[i]);
+    s->fslots = PyObject_GetAttr(s->fast, s_slots);
+    if (s->fslots == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+    }
+    s->failed = Py_NewRef(Py_None);
     s->area = (Area *)Py_NewRef(area);
     s->scatter = scatter;
     s->writable = writable;
@@ -1537,7 +1550,8 @@ static void Step_dealloc(Step *s) {
     PyObject *fields[] = {s->kind, s->group_arg, s->g, s->planner, s->ndarray, s->dtype,
                           s->shape, s->key, s->groot, s->gid, s->numbers, s->entered,
                           s->turns, s->engine, s->fast, s->rooted, s->slots, s->calls,
-                          s->nb, s->nap, s->in_shape, s->make_call};
+                          s->nb, s->nap, s->in_shape, s->make_call, s->fslots,
+                          s->failed};
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
         Py_XDECREF(fields[i]);
     Py_TYPE(s)->tp_free((PyObject *)s);
@@ -1586,8 +1600,14 @@ static int step_unusual(Step *s, long long f, int pending_ok) {
         if (r != 0)
             return r;
     }
-    if ((r = attr_is_none(s->fast, s_gave_up)) != 1 ||
-        (!pending_ok && (r = attr_is_none(s->rooted, s_pending)) != 1))
+    if (s->fslots != NULL) { /* fast.gave_up without its Python frame */
+        if ((r = attr_is_none(s->rooted, s_gave_up)) != 1 ||
+            (r = attr_is_none(s->fslots, s_gave_up)) != 1)
+            return r < 0 ? -1 : 1;
+    } else if ((r = attr_is_none(s->fast, s_gave_up)) != 1) {
+        return r < 0 ? -1 : 1;
+    }
+    if (!pending_ok && (r = attr_is_none(s->rooted, s_pending)) != 1)
         return r < 0 ? -1 : 1;
     PyObject *fast = PyDict_GetItemWithError(s->slots, s->gid);
     if (fast == NULL && PyErr_Occurred())
@@ -1828,28 +1848,67 @@ static PyObject *step_goes(Step *s, Area *area, PyObject *out, PyObject *inp, lo
     return step_go(s, area, s->scatter ? out : inp, f, seq);
 }
 
-/* run(out, inp, root, group), a scatter's or gather's own arrays as the blocking API takes
- * them (a worker's other one is None) -> True (done), None (not this call: nothing done)
- * or the call numbered, for Python to go on: a worker's (f, seq, how): how < 0, nothing
- * run yet (the general run, or a wait for the area to be read first), else the core's
- * answer to finish (WAIT_MORE, DIFFER); a root's (f, seq, how, bad): how < 0 as a
- * worker's, else the answer of the gather's root (WAIT_MORE, SETTLE_LATE, SETTLE_DIFFERS,
- * DIFFER; bad: the rank that differs). A scatter's root leaves its call pending, as
- * minidist.shm.rooted_area.Rooted.scatter_root does. An exception after the numbering leaves
- * (f, seq) in `numbered`. */
+/* A run raised after numbering its call (s->f, s->seq): tell s->failed(f, seq, exc), with
+ * the exception still set afterwards (an error of failed itself is written as
+ * unraisable: the call's own exception is what the caller sees). */
+static void step_tell_failed(Step *s) {
+    if (s->f < 0 || s->failed == Py_None)
+        return;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    PyObject *r = PyObject_CallFunction(s->failed, "LLO", s->f, s->seq,
+                                        value != NULL ? value : Py_None);
+    if (r == NULL)
+        PyErr_WriteUnraisable(s->failed);
+    Py_XDECREF(r);
+    PyErr_Restore(type, value, tb);
+}
+
+/* run(out, inp, root, group[, lock]), a scatter's or gather's own arrays as the blocking
+ * API takes them (a worker's other one is None) -> True (done), None (not this call:
+ * nothing done) or the call numbered, for Python to go on: a worker's (f, seq, how): how
+ * < 0, nothing run yet (the general run, or a wait for the area to be read first), else
+ * the core's answer to finish (WAIT_MORE, DIFFER); a root's (f, seq, how, bad): how < 0
+ * as a worker's, else the answer of the gather's root (WAIT_MORE, SETTLE_LATE,
+ * SETTLE_DIFFERS, DIFFER; bad: the rank that differs). A scatter's root leaves its call
+ * pending, as minidist.shm.rooted_area.Rooted.scatter_root does. With a lock (not None),
+ * the call is numbered while holding it (acquire(False): a lock held by another thread
+ * answers None, nothing done) and run after its release. An exception after the
+ * numbering leaves (f, seq) in `numbered` and is told to `failed` first. */
 static PyObject *Step_run(Step *s, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "run(out, inp, root, group)");
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "run(out, inp, root, group[, lock])");
         return NULL;
     }
     s->f = s->seq = -1;
     if (s->area == NULL)
         Py_RETURN_NONE;
+    PyObject *lock = nargs == 5 ? args[4] : Py_None;
+    if (lock != Py_None) {
+        PyObject *got = PyObject_CallMethodOneArg(lock, s_acquire, Py_False);
+        if (got == NULL)
+            return NULL;
+        int held = got == Py_True;
+        Py_DECREF(got);
+        if (!held)
+            Py_RETURN_NONE;
+    }
     Area *area = (Area *)Py_NewRef(s->area); /* (drop() from another thread meanwhile) */
     int numbered = step_numbers(s, area, args);
+    if (lock != Py_None) {
+        PyObject *r = PyObject_CallMethodNoArgs(lock, s_release);
+        Py_XDECREF(r);
+        if (r == NULL)
+            numbered = -1;
+    }
     PyObject *result = numbered <= 0 ? (numbered < 0 ? NULL : Py_NewRef(Py_None))
                                      : step_goes(s, area, args[0], args[1], s->f, s->seq);
     Py_DECREF(area);
+    if (result == NULL)
+        step_tell_failed(s);
     return result;
 }
 
@@ -1910,9 +1969,26 @@ static PyObject *Step_drop(Step *s, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+static PyObject *Step_get_failed(Step *s, void *unused) {
+    (void)unused;
+    return Py_NewRef(s->failed);
+}
+
+static int Step_set_failed(Step *s, PyObject *value, void *unused) {
+    (void)unused;
+    if (value == NULL || (value != Py_None && !PyCallable_Check(value))) {
+        PyErr_SetString(PyExc_TypeError, "Step.failed: a callable or None");
+        return -1;
+    }
+    Py_SETREF(s->failed, Py_NewRef(value));
+    return 0;
+}
+
 static PyGetSetDef Step_getset[] = {
     {"numbered", (getter)Step_get_numbered, NULL,
      "(f, seq) of the call the last run numbered, or None", NULL},
+    {"failed", (getter)Step_get_failed, (setter)Step_set_failed,
+     "failed(f, seq, exc): told when a run raises after numbering its call", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1933,6 +2009,110 @@ static PyTypeObject StepType = {
     .tp_getset = Step_getset,
 };
 
+/* ------------------------------------------------------------------ kept tensor lists */
+
+static PyObject *s_data_ptr, *s_numel, *s_is_contiguous, *s_is_conj, *s_is_neg,
+    *s_requires_grad;
+
+/* t.name() as a C long long (-1 with an error set on failure). */
+static long long method_long(PyObject *t, PyObject *name) {
+    PyObject *v = PyObject_CallMethodNoArgs(t, name);
+    if (v == NULL)
+        return -1;
+    long long x = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return x;
+}
+
+/* Whether t.name() is True (1), anything else (0), or -1 on an error. */
+static int method_true(PyObject *t, PyObject *name) {
+    PyObject *v = PyObject_CallMethodNoArgs(t, name);
+    if (v == NULL)
+        return -1;
+    Py_DECREF(v);
+    return v == Py_True;
+}
+
+/* tensors_same(ts, kept, ptrs, numels, dtype, plain) -> bool: whether the list or tuple
+ * ts holds, in order, tensors of the kept ones' memory and layout: as many as `kept`,
+ * each the kept tensor itself or one of type `plain` exactly with neither the conjugate
+ * nor the negative bit, at address ptrs[i] (data_ptr()), of numels[i] elements,
+ * contiguous, of dtype `dtype`, not requiring grad (minidist.torch._tensors.ListViews.same; a tensor whose
+ * methods raise TypeError or RuntimeError is not the same). */
+static PyObject *core_tensors_same(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    (void)m;
+    if (nargs != 6 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2]) ||
+        !PyTuple_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "tensors_same(ts, kept: tuple, ptrs: tuple, numels: tuple, dtype, "
+                        "plain)");
+        return NULL;
+    }
+    PyObject *ts = args[0], *kept = args[1], *ptrs = args[2], *numels = args[3];
+    PyObject *dtype = args[4], *plain = args[5];
+    if (!PyList_Check(ts) && !PyTuple_Check(ts))
+        Py_RETURN_FALSE;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ts);
+    if (n != PyTuple_GET_SIZE(kept) || n != PyTuple_GET_SIZE(ptrs) ||
+        n != PyTuple_GET_SIZE(numels))
+        Py_RETURN_FALSE;
+    PyObject *seq = Py_NewRef(ts); /* (a list may change while its tensors are asked) */
+    int same = 1;
+    for (Py_ssize_t i = 0; same == 1 && i < n; i++) {
+        if (i >= PySequence_Fast_GET_SIZE(seq)) {
+            same = 0;
+            break;
+        }
+        PyObject *t = Py_NewRef(PySequence_Fast_GET_ITEM(seq, i));
+        if (t != PyTuple_GET_ITEM(kept, i)) {
+            if ((PyObject *)Py_TYPE(t) != plain)
+                same = 0;
+            else if ((same = method_true(t, s_is_conj)) >= 0)
+                same = same == 1 ? 0 : 1;
+            if (same == 1 && (same = method_true(t, s_is_neg)) >= 0)
+                same = same == 1 ? 0 : 1;
+        }
+        if (same == 1) {
+            long long ptr = method_long(t, s_data_ptr);
+            long long want = PyLong_AsLongLong(PyTuple_GET_ITEM(ptrs, i));
+            if (PyErr_Occurred())
+                same = -1;
+            else
+                same = ptr == want;
+        }
+        if (same == 1) {
+            long long numel = method_long(t, s_numel);
+            long long want = PyLong_AsLongLong(PyTuple_GET_ITEM(numels, i));
+            if (PyErr_Occurred())
+                same = -1;
+            else
+                same = numel == want;
+        }
+        if (same == 1)
+            same = method_true(t, s_is_contiguous);
+        if (same == 1) {
+            PyObject *d = PyObject_GetAttr(t, s_dtype);
+            same = d == NULL ? -1 : d == dtype;
+            Py_XDECREF(d);
+        }
+        if (same == 1) {
+            PyObject *g = PyObject_GetAttr(t, s_requires_grad);
+            same = g == NULL ? -1 : g == Py_False;
+            Py_XDECREF(g);
+        }
+        Py_DECREF(t);
+    }
+    Py_DECREF(seq);
+    if (same < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError) &&
+            !PyErr_ExceptionMatches(PyExc_RuntimeError))
+            return NULL;
+        PyErr_Clear();
+        same = 0;
+    }
+    return Py_NewRef(same ? Py_True : Py_False);
+}
+
 static PyMethodDef core_methods[] = {
     {"futex_wait", (PyCFunction)(void (*)(void))core_futex_wait, METH_FASTCALL,
      "futex_wait(addr, seen, timeout): sleep while the int32 at addr holds seen (GIL "
@@ -1943,6 +2123,9 @@ static PyMethodDef core_methods[] = {
      "futex_add(addr, equals): add 1 to the int32 at addr, wake one sleeper if it held "
      "equals."},
     {"fence", (PyCFunction)core_fence, METH_NOARGS, "fence(): a full memory fence."},
+    {"tensors_same", (PyCFunction)(void (*)(void))core_tensors_same, METH_FASTCALL,
+     "tensors_same(ts, kept, ptrs, numels, dtype, plain): whether a list of tensors is "
+     "the kept one's memory and layout again (minidist.torch)."},
     {"wake_sleepers", (PyCFunction)core_wake_sleepers, METH_NOARGS,
      "wake_sleepers(): wake every thread of this process asleep in the core's waits."},
     {NULL, NULL, 0, NULL},
@@ -1969,7 +2152,10 @@ PyMODINIT_FUNC PyInit__core(void) {
                  {&s_call_soon_threadsafe, "call_soon_threadsafe"}, {&s_p2p_seqs, "p2p_seqs"},
                  {&s_aborted, "_aborted"}, {&s_broken, "broken"}, {&s_died, "died"},
                  {&s_gave_up, "gave_up"}, {&s_pending, "pending"}, {&s_last, "last"},
-                 {&s_behind, "behind"}, {&s_turn_done, "turn_done"}};
+                 {&s_behind, "behind"}, {&s_turn_done, "turn_done"}, {&s_slots, "slots"},
+                 {&s_data_ptr, "data_ptr"}, {&s_numel, "numel"},
+                 {&s_is_contiguous, "is_contiguous"}, {&s_is_conj, "is_conj"},
+                 {&s_is_neg, "is_neg"}, {&s_requires_grad, "requires_grad"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (*names[i].at == NULL && (*names[i].at = PyUnicode_InternFromString(names[i].name)) == NULL)
             return NULL;

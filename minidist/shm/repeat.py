@@ -34,7 +34,7 @@ from . import core
 from .fast_slots import SLICE
 from .rooted_area import signature
 
-_local = threading.local()
+here = threading.local()  # this thread's remembered calls: .scatter, .gather
 _all: weakref.WeakSet = weakref.WeakSet()  # every Repeat made, to forget at close
 _GONE = object()  # the door of a Repeat forgotten: no door is it
 _DIFFER, _WAIT_MORE = 1, 2  # minidist.shm._core's answers
@@ -97,11 +97,13 @@ class Repeat:
             first, extra = self.out_shape, ((self.in_shape, self._call),)
         else:
             first, extra = self.out_shape if self.scatter else self.in_shape, ()
-        return _STEP(self.core, self.scatter, self.scatter or self.is_root, self.root,
+        step = _STEP(self.core, self.scatter, self.scatter or self.is_root, self.root,
                      self.nb, self.nap, self.kind, self.group, self.g, self.planner,
                      np.ndarray, self.dtype, first, self.key, self.groot, self.gid,
                      planner.numbers, self.engine.entered, self.turns, self.engine,
                      self.fast, self.rooted, self.slots, self.calls, *extra)
+        step.failed = _told(weakref.ref(self))
+        return step
 
     def _views(self, rooted: Any, root: int) -> tuple:
         """Per parity: (the root's header, this rank's header) offsets, every rank's
@@ -243,6 +245,10 @@ class Repeat:
         if self.calls.waiting:
             self.calls.turn_done(self.gid, f + 1)
 
+    def ended(self, f: int, seq: int, e: BaseException) -> None:
+        """Call ``f`` (numbered ``seq``) ended early on this rank with ``e``."""
+        self._failed(self._call(seq), e, f)
+
     def _failed(self, call: Call, e: BaseException, f: int) -> None:
         """A call ended early on this rank: it is done here (see :meth:`go`)."""
         self.rooted.gave_up = e
@@ -259,9 +265,8 @@ class Repeat:
 
     def again(self, output: object, input: object, root: int, group: object) -> bool:
         """Number and run the call (a scatter's or gather's own arrays, as the blocking
-        API takes them) if it is this one again (True); else nothing (False)."""
-        if self.step is not None:  # in one call into the core
-            return self.stepped(output, input, root, group)
+        API takes them) if it is this one again (True); else nothing (False). This is the
+        pure core's way; :func:`again` runs a compiled step itself."""
         if self.scatter:
             out, inp = output, input if self.is_root else None
         else:
@@ -271,37 +276,7 @@ class Repeat:
         self.go(self.number(out, inp))
         return True
 
-    def stepped(self, out: object, inp: object, root: object, group: object) -> bool:
-        """Run the call (a scatter's or gather's own arrays, as the blocking API takes
-        them) by the compiled core's step if it is this one again (True); else nothing
-        (False). What the step hands back numbered goes on here (:meth:`_step_on`)."""
-        step = self.step
-        try:
-            got = step.run(out, inp, root, group)
-        except BaseException as e:
-            numbered = step.numbered
-            if numbered is not None:
-                self._failed(self._call(numbered[1]), e, numbered[0])
-            raise
-        if got is None:
-            return False
-        if got is not True:
-            self._step_on(out, inp, got)
-        return True
-
-    def step_numbered(self, out: np.ndarray | None, inp: np.ndarray | None,
-                      job: tuple[int, int]) -> None:
-        """Run a call that the step's ``number`` numbered (``job``: (f, seq)) with these
-        arrays, as :meth:`stepped` runs it."""
-        try:
-            got = self.step.go(out, inp, *job)
-        except BaseException as e:
-            self._failed(self._call(job[1]), e, job[0])
-            raise
-        if got is not True:
-            self._step_on(out, inp, got)
-
-    def _step_on(self, out: np.ndarray, inp: np.ndarray, got: tuple) -> None:
+    def step_on(self, out: np.ndarray, inp: np.ndarray, got: tuple) -> None:
         """The rest of a call its step handed back numbered: a worker's (f, seq, how),
         on through :meth:`worker_run` (how < 0: nothing run yet) or
         :meth:`_finish_worker`; a root's (f, seq, how, bad), :meth:`_root_on`."""
@@ -364,9 +339,31 @@ def forget(door: Any) -> None:
 def again(door: Any, kind: str, output: object, input: object, root: int,
           group: object) -> bool:
     """Run the remembered ``kind`` call (``"scatter"`` or ``"gather"``) on ``door`` if
-    this one is it again (True); else nothing (False)."""
-    r = getattr(_local, kind, None)
-    return r is not None and r.door is door and r.again(output, input, root, group)
+    this one is it again (True); else nothing (False). On the compiled core, this and
+    one call into it are all the Python a repeated call runs."""
+    r = getattr(here, kind, None)
+    if r is None or r.door is not door:
+        return False
+    step = r.step
+    if step is None:
+        return r.again(output, input, root, group)
+    got = step.run(output, input, root, group)
+    if got is None:
+        return False
+    if got is not True:
+        r.step_on(output, input, got)
+    return True
+
+
+def _told(ref: weakref.ref) -> Any:
+    """What a :class:`Repeat`'s compiled step tells when a call it numbered raised: the
+    call ended early on this rank (:meth:`Repeat._failed`). It holds the Repeat weakly
+    (the step is the Repeat's)."""
+    def failed(f: int, seq: int, e: BaseException) -> None:
+        r = ref()
+        if r is not None:
+            r.ended(f, seq, e)
+    return failed
 
 
 def remember(door: Any, p: Prepared, group: object, output: object,
@@ -386,7 +383,7 @@ def remember(door: Any, p: Prepared, group: object, output: object,
         in_shape, out_shape = _shape(input), _shape(output) if rooted else None
         if in_shape is None or (rooted and out_shape is None):
             return
-    setattr(_local, kind, Repeat(door, p, group, out_shape, in_shape))
+    setattr(here, kind, Repeat(door, p, group, out_shape, in_shape))
 
 
 def _shape(a: object) -> tuple | None:
@@ -398,4 +395,4 @@ def _shape(a: object) -> tuple | None:
 
 def remembered(kind: str) -> Repeat | None:
     """This thread's remembered ``"scatter"`` or ``"gather"`` (None: none yet)."""
-    return getattr(_local, kind, None)
+    return getattr(here, kind, None)

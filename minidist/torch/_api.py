@@ -66,15 +66,6 @@ def _group(group: Any) -> Group | None | object:
     raise TypeError(f"group must be a group from new_group(), or None, not {group!r}")
 
 
-def _known(group: Any) -> Group | None | object:
-    """:func:`_group` for the calls that repeat one already made (whose rank was a
-    member): None or a minidist Group as it resolves, anything else a marker that no
-    remembered call has."""
-    if group is None:
-        return _state["world"]
-    return group if type(group) is Group else _NOT_MEMBER
-
-
 def _skip(g: Any, what: str) -> bool:
     """True (after torch's warning) when this rank is not in the group."""
     if g is _NOT_MEMBER:
@@ -474,7 +465,8 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
            dst: int | None = None, group: Any = None, async_op: bool = False,
            group_dst: int | None = None) -> Work | None:
     if not async_op and group_dst is None and C.again_sent(
-            "gather", tensor, gather_list, 0 if dst is None else dst, _known(group)):
+            "gather", tensor, gather_list, 0 if dst is None else dst,
+            _state["world"] if group is None else group):
         return None
     g = _group(group)
     if _skip(g, "gather"):
@@ -492,7 +484,8 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
             src: int | None = None, group: Any = None, async_op: bool = False,
             group_src: int | None = None) -> Work | None:
     if not async_op and group_src is None and C.again_sent(
-            "scatter", tensor, scatter_list, 0 if src is None else src, _known(group)):
+            "scatter", tensor, scatter_list, 0 if src is None else src,
+            _state["world"] if group is None else group):
         return None
     g = _group(group)
     if _skip(g, "scatter"):

@@ -383,36 +383,38 @@ def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op: Any,
     return Work(_futures(w), post, [out], what)
 
 
-def again_sent(kind: str, t: object, ts: object, root: int, g: Group | None) -> bool:
-    """A blocking scatter or gather (``kind``) of a plain CPU tensor ``t`` on ``g``
-    (None: the world), with ``ts`` the root's list of tensors (None elsewhere), run at
+def again_sent(kind: str, t: object, ts: object, root: int, g: object) -> bool:
+    """A blocking scatter or gather (``kind``) of a plain CPU tensor ``t`` on group ``g``
+    (the torch world's group for the default one; a call on any other object is never
+    one remembered), with ``ts`` the root's list of tensors (None elsewhere), run at
     once if it repeats this thread's last such call (:mod:`minidist.shm.repeat`):
     numbered under the lock, run outside it (True); False, with nothing done, for any
     other call, which then takes the general path. An env worker's step is two such
     calls, and so is its learner's (its lists' views kept, :func:`list_views`)."""
-    r = repeat.remembered(kind)
+    r = getattr(repeat.here, kind, None)
     if r is None or r.door is not md.STATE.blocking:
         return False
     arr = plain_view(t)
     if arr is None:
         return False
-    if not r.is_root and ts is not None and (type(ts) not in (list, tuple) or ts):
-        return False  # the general path says what is wrong (an empty list is None)
     lv = None
     if r.is_root:
         lv = list_views(ts, arr)
         if lv is None:
             return False
         out, inp = (arr, lv.pack()) if kind == "scatter" else (lv.rows, arr)
+    elif ts is not None and (type(ts) not in (list, tuple) or ts):
+        return False  # the general path says what is wrong (an empty list is None)
     else:
         out, inp = (arr, None) if kind == "scatter" else (None, arr)
     try:
-        if r.step is not None:  # the compiled core's step: numbered under the lock, then run
-            with _order:
-                job = r.step.number(out, inp, root, g)
-            if job is None:
+        step = r.step
+        if step is not None:  # the compiled core's step: numbered under the lock, then run
+            got = step.run(out, inp, root, g, _order)
+            if got is None:
                 return False
-            r.step_numbered(out, inp, job)
+            if got is not True:
+                r.step_on(out, inp, got)
         else:
             with _order:
                 if not r.fits(g, root, out, inp):

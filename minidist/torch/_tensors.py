@@ -17,6 +17,7 @@ from operator import attrgetter, is_
 import numpy as np
 import torch
 
+from ..shm import core
 from ..shm.fast_slots import SLOT_BYTES
 
 # torch dtypes numpy has an exact twin for (torch's own .numpy() conversion)
@@ -229,6 +230,7 @@ _data_ptr, _numel, _contiguous, _conj, _neg = (_T.data_ptr, _T.numel, _T.is_cont
                                                _T.is_conj, _T.is_neg)
 _PLAIN = {torch.Tensor}
 _dtype_grad = attrgetter("dtype", "requires_grad")
+_SAME = getattr(core.compiled, "tensors_same", None)  # ListViews.same in C (None: pure)
 _lists: dict[int, list] = {}  # per thread: the ListViews it used last, newest first
 KEEP_LISTS = 4  # lists remembered per thread (a learner's scatter and gather lists)
 KEEP_BYTES = 4 << 20  # ... of at most this many bytes in all (their rows are kept too)
@@ -251,8 +253,8 @@ class ListViews:
     itself: a scatter's root sends from it and a gather's lands in it, with no copy
     (:meth:`pack` and :meth:`land` then do nothing)."""
 
-    __slots__ = ("tensors", "ptrs", "numels", "meta", "views", "flat", "rows", "packed",
-                 "in_place")
+    __slots__ = ("tensors", "ptrs", "numels", "dtype", "meta", "views", "flat", "rows",
+                 "packed", "in_place")
 
     def __init__(self, views: list[np.ndarray]) -> None:
         self.views = views
@@ -261,19 +263,21 @@ class ListViews:
         self.packed = self.rows.reshape(-1)
         self.in_place = False  # rows and packed are the tensors' own memory
         self.tensors: tuple = ()
-        self.ptrs: list[int] = []
-        self.numels: list[int] = []
+        self.ptrs: tuple[int, ...] = ()
+        self.numels: tuple[int, ...] = ()
+        self.dtype: torch.dtype | None = None
         self.meta: list[tuple] = []
 
     def keep(self, ts: list | tuple) -> None:
         """Note what :meth:`same` compares, of the tensors ``ts`` these views are of."""
         self.tensors = tuple(ts)
-        self.ptrs = list(map(_data_ptr, ts))
-        self.numels = list(map(_numel, ts))
+        self.ptrs = tuple(map(_data_ptr, ts))
+        self.numels = tuple(map(_numel, ts))
         self.meta = list(map(_dtype_grad, ts))
+        self.dtype = self.meta[0][0]
         first = self.flat[0]
         step = first.nbytes
-        if step and self.ptrs == [self.ptrs[0] + i * step for i in range(len(self.ptrs))]:
+        if step and self.ptrs == tuple(self.ptrs[0] + i * step for i in range(len(self.ptrs))):
             # one after another: the rows are the tensors' memory (they keep it alive)
             self.rows = np.lib.stride_tricks.as_strided(
                 first, shape=(len(self.views), first.size), strides=(step, first.itemsize))
@@ -281,14 +285,17 @@ class ListViews:
             self.in_place = True
 
     def same(self, ts: list | tuple) -> bool:
-        """Whether ``ts`` holds tensors of this kept list's memory and layout, in order."""
+        """Whether ``ts`` holds tensors of this kept list's memory and layout, in order
+        (one call into the compiled core when it runs)."""
+        if _SAME is not None:
+            return _SAME(ts, self.tensors, self.ptrs, self.numels, self.dtype, torch.Tensor)
         try:
             return (len(ts) == len(self.ptrs)
                     and (all(map(is_, ts, self.tensors)) or (  # else: new views
                         set(map(type, ts)) == _PLAIN and not any(map(_conj, ts))
                         and not any(map(_neg, ts))))
-                    and list(map(_data_ptr, ts)) == self.ptrs
-                    and list(map(_numel, ts)) == self.numels
+                    and tuple(map(_data_ptr, ts)) == self.ptrs
+                    and tuple(map(_numel, ts)) == self.numels
                     and all(map(_contiguous, ts))
                     and list(map(_dtype_grad, ts)) == self.meta)
         except (TypeError, RuntimeError):

@@ -6,6 +6,7 @@ far it got."""
 from __future__ import annotations
 
 import mmap
+import threading
 import time
 from collections import defaultdict
 from types import SimpleNamespace
@@ -162,6 +163,72 @@ def test_an_unusual_call_comes_back_numbered_with_nothing_run(world, why):
     assert s.run(out, None, 0, None) == (0, 0, -1)
     assert s.numbered == (0, 0) and st.numbers[GID] == 1 and st.entered[GID] == 1
     assert out.tolist() == [0] * COUNT and st.areas[1].last == [None, None]
+
+
+@pytest.mark.parametrize("where", ["area", "slots"])
+def test_a_step_reads_gave_up_on_the_area_and_the_fast_slots(world, where):
+    st = world
+    st.fast = st.slots[GID] = SimpleNamespace(slots=SimpleNamespace(gave_up=None))
+    out = np.zeros(COUNT, np.int32)
+    s = step(st, SCATTER, out)  # a Fast's gave_up is its slots' or its area's
+    rows = root_scatter(st, 0)
+    assert s.run(out, None, 0, None) is True and out.tolist() == rows[1].tolist()
+    root_scatter(st, 1, seq=1)
+    (st.areas[1] if where == "area" else st.fast.slots).gave_up = RuntimeError()
+    assert s.run(out, None, 0, None) == (1, 1, -1)
+
+
+def test_a_step_numbers_under_a_free_lock_and_leaves_a_held_one_alone(world):
+    st = world
+    out = np.zeros(COUNT, np.int32)
+    s = step(st, SCATTER, out)
+    lock, held, done = threading.RLock(), threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            done.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert held.wait(10)
+        assert s.run(out, None, 0, None, lock) is None and s.numbered is None
+        assert st.numbers == {} and st.turns == {}
+    finally:
+        done.set()
+        t.join(10)
+    rows = root_scatter(st, 0)
+    assert s.run(out, None, 0, None, lock) is True and out.tolist() == rows[1].tolist()
+    assert lock.acquire(blocking=False)  # released by the run (and free of other owners)
+    lock.release()
+    taken = []
+    other = threading.Thread(target=lambda: taken.append(lock.acquire(timeout=5)))
+    other.start()
+    other.join(10)
+    assert taken == [True]
+
+
+def test_a_run_that_raises_after_numbering_tells_failed(world):
+    st = world
+    out = np.zeros(COUNT, np.int32)
+    s = step(st, SCATTER, out)
+    told = []
+    s.failed = lambda f, seq, e: told.append((f, seq, e))
+
+    def turn_done(gid: int, turn: int) -> None:
+        raise RuntimeError("no turn")
+
+    st.calls.waiting, st.calls.turn_done = True, turn_done
+    root_scatter(st, 0)
+    with pytest.raises(RuntimeError, match="no turn") as caught:
+        s.run(out, None, 0, None)
+    assert s.numbered == (0, 0) and told == [(0, 0, caught.value)]
+    with pytest.raises(TypeError):
+        s.run(out, None, 0)  # raised before numbering: nobody is told
+    assert len(told) == 1
+    with pytest.raises(TypeError, match="callable"):
+        s.failed = 3
 
 
 def test_an_area_still_being_read_comes_back_numbered_with_nothing_run(world):
