@@ -1815,9 +1815,22 @@ done:
     return result;
 }
 
-/* Check a call (out, inp, root, group) on either side against the step, and number it:
- * 1 (s->f and s->seq set), 0 (not this call: nothing done), -1 on an error. */
-static int step_numbers(Step *s, Area *area, PyObject *const *args) {
+/* Whether busy (None, or a list whose first item counts the threads numbering calls of
+ * their own) says that another call is being numbered: 1, 0, or -1 on an error. */
+static int numbering_busy(PyObject *busy) {
+    if (busy == Py_None)
+        return 0;
+    if (!PyList_Check(busy) || PyList_GET_SIZE(busy) < 1) {
+        PyErr_SetString(PyExc_TypeError, "minidist.shm._core.Step: busy is a list [count]");
+        return -1;
+    }
+    return PyObject_IsTrue(PyList_GET_ITEM(busy, 0));
+}
+
+/* Check a call (out, inp, root, group) on either side against the step, and number it
+ * unless `busy` says another call is being numbered: 1 (s->f and s->seq set), 0 (not
+ * this call, or busy: nothing done), -1 on an error. */
+static int step_numbers(Step *s, Area *area, PyObject *const *args, PyObject *busy) {
     int fits = step_call_fits(s, args[2], args[3]);
     if (s->is_root) {
         Py_ssize_t whole = s->nbytes * area->n;
@@ -1829,6 +1842,8 @@ static int step_numbers(Step *s, Area *area, PyObject *const *args) {
         fits = step_array_fits(s, s->scatter ? args[0] : args[1], s->shape, s->nbytes,
                                s->writable);
     }
+    if (fits > 0) /* (nothing below runs Python code: the numbering is one step) */
+        fits = numbering_busy(busy) == 0 ? 1 : (PyErr_Occurred() ? -1 : 0);
     if (fits <= 0)
         return fits;
     long long f = count_up(s->numbers, s->gid, 1);
@@ -1874,36 +1889,21 @@ static void step_tell_failed(Step *s) {
  * the core's answer to finish (WAIT_MORE, DIFFER); a root's (f, seq, how, bad): how < 0
  * as a worker's, else the answer of the gather's root (WAIT_MORE, SETTLE_LATE,
  * SETTLE_DIFFERS, DIFFER; bad: the rank that differs). A scatter's root leaves its call
- * pending, as minidist.shm.rooted_area.Rooted.scatter_root does. With a lock (not None),
- * the call is numbered while holding it (acquire(False): a lock held by another thread
- * answers None, nothing done) and run after its release. An exception after the
- * numbering leaves (f, seq) in `numbered` and is told to `failed` first. */
+ * pending, as minidist.shm.rooted_area.Rooted.scatter_root does. With `busy` (a list
+ * whose first item counts the threads numbering calls under a lock of their own, as
+ * minidist.torch does), a call is numbered only while it is 0 (else None, nothing done):
+ * the GIL, held from that look to the numbering, keeps other threads out. An exception
+ * after the numbering leaves (f, seq) in `numbered` and is told to `failed` first. */
 static PyObject *Step_run(Step *s, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 && nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "run(out, inp, root, group[, lock])");
+        PyErr_SetString(PyExc_TypeError, "run(out, inp, root, group[, busy])");
         return NULL;
     }
     s->f = s->seq = -1;
     if (s->area == NULL)
         Py_RETURN_NONE;
-    PyObject *lock = nargs == 5 ? args[4] : Py_None;
-    if (lock != Py_None) {
-        PyObject *got = PyObject_CallMethodOneArg(lock, s_acquire, Py_False);
-        if (got == NULL)
-            return NULL;
-        int held = got == Py_True;
-        Py_DECREF(got);
-        if (!held)
-            Py_RETURN_NONE;
-    }
     Area *area = (Area *)Py_NewRef(s->area); /* (drop() from another thread meanwhile) */
-    int numbered = step_numbers(s, area, args);
-    if (lock != Py_None) {
-        PyObject *r = PyObject_CallMethodNoArgs(lock, s_release);
-        Py_XDECREF(r);
-        if (r == NULL)
-            numbered = -1;
-    }
+    int numbered = step_numbers(s, area, args, nargs == 5 ? args[4] : Py_None);
     PyObject *result = numbered <= 0 ? (numbered < 0 ? NULL : Py_NewRef(Py_None))
                                      : step_goes(s, area, args[0], args[1], s->f, s->seq);
     Py_DECREF(area);
@@ -1923,7 +1923,7 @@ static PyObject *Step_number(Step *s, PyObject *const *args, Py_ssize_t nargs) {
     if (s->area == NULL)
         Py_RETURN_NONE;
     Area *area = (Area *)Py_NewRef(s->area);
-    int numbered = step_numbers(s, area, args);
+    int numbered = step_numbers(s, area, args, Py_None);
     Py_DECREF(area);
     if (numbered <= 0)
         return numbered < 0 ? NULL : Py_NewRef(Py_None);

@@ -45,7 +45,27 @@ from ._work import DONE, Blocking, Done, Work, run_blocking, torch_worded
 TAG_COLLECTIVE = P2P_TAG_LIMIT + 0x7410  # all_to_all built on messages
 TAG_OBJECT = P2P_TAG_LIMIT + 0x7411  # send_object_list / recv_object_list
 
-_order = threading.RLock()
+class _Numbering:
+    """The lock under which this adapter numbers its calls (a call of several minidist
+    calls gets consecutive numbers, whichever threads issue calls meanwhile), and
+    ``busy``: ``[how many times it is held]``, which a repeated scatter or gather's
+    compiled step reads instead of taking the lock (it numbers its call only while no
+    other is being numbered, holding the GIL from that look to its numbering)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.busy = [0]
+
+    def __enter__(self) -> None:
+        self.lock.acquire()
+        self.busy[0] += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.busy[0] -= 1
+        self.lock.release()
+
+
+_order = _Numbering()
 
 
 def _ordered(fn: Callable) -> Callable:
@@ -410,7 +430,7 @@ def again_sent(kind: str, t: object, ts: object, root: int, g: object) -> bool:
     try:
         step = r.step
         if step is not None:  # the compiled core's step: numbered under the lock, then run
-            got = step.run(out, inp, root, g, _order)
+            got = step.run(out, inp, root, g, _order.busy)
             if got is None:
                 return False
             if got is not True:

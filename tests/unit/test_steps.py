@@ -6,7 +6,6 @@ far it got."""
 from __future__ import annotations
 
 import mmap
-import threading
 import time
 from collections import defaultdict
 from types import SimpleNamespace
@@ -178,35 +177,20 @@ def test_a_step_reads_gave_up_on_the_area_and_the_fast_slots(world, where):
     assert s.run(out, None, 0, None) == (1, 1, -1)
 
 
-def test_a_step_numbers_under_a_free_lock_and_leaves_a_held_one_alone(world):
+def test_a_step_numbers_only_while_no_other_call_is_being_numbered(world):
     st = world
     out = np.zeros(COUNT, np.int32)
     s = step(st, SCATTER, out)
-    lock, held, done = threading.RLock(), threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with lock:
-            held.set()
-            done.wait(10)
-
-    t = threading.Thread(target=hold)
-    t.start()
-    try:
-        assert held.wait(10)
-        assert s.run(out, None, 0, None, lock) is None and s.numbered is None
-        assert st.numbers == {} and st.turns == {}
-    finally:
-        done.set()
-        t.join(10)
+    busy = [1]  # a thread holds minidist.torch's numbering lock
+    assert s.run(out, None, 0, None, busy) is None and s.numbered is None
+    assert st.numbers == {} and dict(st.entered) == {} and st.turns == {}
+    busy[0] = 0
     rows = root_scatter(st, 0)
-    assert s.run(out, None, 0, None, lock) is True and out.tolist() == rows[1].tolist()
-    assert lock.acquire(blocking=False)  # released by the run (and free of other owners)
-    lock.release()
-    taken = []
-    other = threading.Thread(target=lambda: taken.append(lock.acquire(timeout=5)))
-    other.start()
-    other.join(10)
-    assert taken == [True]
+    assert s.run(out, None, 0, None, busy) is True and out.tolist() == rows[1].tolist()
+    for bad in ((0,), [], "0"):
+        with pytest.raises(TypeError, match="busy"):
+            s.run(out, None, 0, None, bad)
+    assert st.numbers[GID] == 1  # nothing numbered by the refused ones
 
 
 def test_a_run_that_raises_after_numbering_tells_failed(world):
