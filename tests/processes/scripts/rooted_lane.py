@@ -8,8 +8,9 @@ around what must send them the general way (argv: steps):
   steps // 3 the learner stops worker 2 with SIGSTOP for 0.5 s (the values right after
   SIGCONT are checked like every other);
 * then ranks 0 and 1 break a group of their own (an all_reduce of different sizes:
-  CollectiveMismatchError on both) and the loop goes on for 60 steps: a rank that knows
-  of a failed call sends its repeated calls the general way, still exact.
+  CollectiveMismatchError on both) and, once their engines know of it, the loop goes on
+  for 60 steps: a rank that knows of a failed call sends its repeated calls the general
+  way, still exact.
 
 Every rank counts its repeated calls that took the general run; prints ``LANE OK
 rank general=<before> of <calls> after=<general after the break>``."""
@@ -86,6 +87,12 @@ if rank in (0, 1):
         raise SystemExit("a mismatch went unnoticed")
     except CollectiveMismatchError:
         pass
+    # the engine hears of the failed call from the loop's thread, a moment after the
+    # caller: the loop below counts from when this rank knows
+    deadline = time.monotonic() + 30
+    while not minidist.api.door().fast_calls.engine.may_refuse():
+        assert time.monotonic() < deadline, "the failed call never reached the engine"
+        time.sleep(0.001)
 general[0] = 0
 for i in range(steps, steps + 60):
     step(i)
