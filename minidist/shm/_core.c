@@ -1459,7 +1459,7 @@ typedef struct {
         *numbers, *entered, *turns, *engine, *fast, *rooted, *slots, *calls, *nb, *nap;
     long long f, seq; /* the call numbered by the last run (f < 0: it numbered none) */
     /* the group's fast slots (fast.slots): with the rooted area, whose gave_up words
-     * fast.gave_up reads; NULL: read fast.gave_up itself */
+     * fast.gave_up reads */
     PyObject *fslots;
     /* failed(f, seq, exc), called when a run raises after numbering its call (None:
      * nobody is told) */
@@ -1525,11 +1525,8 @@ static int Step_init(Step *s, PyObject *args, PyObject *kw) {
     for (int i = 0; i < 18; i++)
         *fields[i] = Py_NewRef(o[i]);
     s->fslots = PyObject_GetAttr(s->fast, s_slots);
-    if (s->fslots == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-            return -1;
-        PyErr_Clear();
-    }
+    if (s->fslots == NULL)
+        return -1;
     s->failed = Py_NewRef(Py_None);
     s->area = (Area *)Py_NewRef(area);
     s->scatter = scatter;
@@ -1600,14 +1597,10 @@ static int step_unusual(Step *s, long long f, int pending_ok) {
         if (r != 0)
             return r;
     }
-    if (s->fslots != NULL) { /* fast.gave_up without its Python frame */
-        if ((r = attr_is_none(s->rooted, s_gave_up)) != 1 ||
-            (r = attr_is_none(s->fslots, s_gave_up)) != 1)
-            return r < 0 ? -1 : 1;
-    } else if ((r = attr_is_none(s->fast, s_gave_up)) != 1) {
-        return r < 0 ? -1 : 1;
-    }
-    if (!pending_ok && (r = attr_is_none(s->rooted, s_pending)) != 1)
+    /* fast.gave_up (a property) read without its Python frame */
+    if ((r = attr_is_none(s->rooted, s_gave_up)) != 1 ||
+        (r = attr_is_none(s->fslots, s_gave_up)) != 1 ||
+        (!pending_ok && (r = attr_is_none(s->rooted, s_pending)) != 1))
         return r < 0 ? -1 : 1;
     PyObject *fast = PyDict_GetItemWithError(s->slots, s->gid);
     if (fast == NULL && PyErr_Occurred())
@@ -1882,7 +1875,7 @@ static void step_tell_failed(Step *s) {
     PyErr_Restore(type, value, tb);
 }
 
-/* run(out, inp, root, group[, lock]), a scatter's or gather's own arrays as the blocking
+/* run(out, inp, root, group[, busy]), a scatter's or gather's own arrays as the blocking
  * API takes them (a worker's other one is None) -> True (done), None (not this call:
  * nothing done) or the call numbered, for Python to go on: a worker's (f, seq, how): how
  * < 0, nothing run yet (the general run, or a wait for the area to be read first), else
@@ -1909,49 +1902,6 @@ static PyObject *Step_run(Step *s, PyObject *const *args, Py_ssize_t nargs) {
     Py_DECREF(area);
     if (result == NULL)
         step_tell_failed(s);
-    return result;
-}
-
-/* number(out, inp, root, group) -> (f, seq) or None: run's checks and numbering alone
- * (for a caller that numbers under a lock of its own, then runs the call by go()). */
-static PyObject *Step_number(Step *s, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "number(out, inp, root, group)");
-        return NULL;
-    }
-    s->f = s->seq = -1;
-    if (s->area == NULL)
-        Py_RETURN_NONE;
-    Area *area = (Area *)Py_NewRef(s->area);
-    int numbered = step_numbers(s, area, args, Py_None);
-    Py_DECREF(area);
-    if (numbered <= 0)
-        return numbered < 0 ? NULL : Py_NewRef(Py_None);
-    return Py_BuildValue("(LL)", s->f, s->seq);
-}
-
-/* go(out, inp, f, seq) -> what run answers, for a call number() numbered with these
- * arrays; a dropped step answers it numbered, nothing run. */
-static PyObject *Step_go(Step *s, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "go(out, inp, f, seq)");
-        return NULL;
-    }
-    long long f = PyLong_AsLongLong(args[2]), seq = PyLong_AsLongLong(args[3]);
-    if ((f == -1 || seq == -1) && PyErr_Occurred())
-        return NULL;
-    if (f < 0 || seq < 0) {
-        PyErr_SetString(PyExc_ValueError, "minidist.shm._core.Step: a negative number");
-        return NULL;
-    }
-    if (s->area == NULL)
-        return s->is_root ? Py_BuildValue("(LLll)", f, seq, -1L, -1L)
-                          : Py_BuildValue("(LLl)", f, seq, -1L);
-    s->f = f;
-    s->seq = seq;
-    Area *area = (Area *)Py_NewRef(s->area);
-    PyObject *result = step_goes(s, area, args[0], args[1], f, seq);
-    Py_DECREF(area);
     return result;
 }
 
@@ -1994,8 +1944,6 @@ static PyGetSetDef Step_getset[] = {
 
 static PyMethodDef Step_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Step_run, METH_FASTCALL, NULL},
-    {"number", (PyCFunction)(void (*)(void))Step_number, METH_FASTCALL, NULL},
-    {"go", (PyCFunction)(void (*)(void))Step_go, METH_FASTCALL, NULL},
     {"drop", (PyCFunction)Step_drop, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
@@ -2037,8 +1985,8 @@ static int method_true(PyObject *t, PyObject *name) {
  * ts holds, in order, tensors of the kept ones' memory and layout: as many as `kept`,
  * each the kept tensor itself or one of type `plain` exactly with neither the conjugate
  * nor the negative bit, at address ptrs[i] (data_ptr()), of numels[i] elements,
- * contiguous, of dtype `dtype`, not requiring grad (minidist.torch._tensors.ListViews.same; a tensor whose
- * methods raise TypeError or RuntimeError is not the same). */
+ * contiguous, of dtype `dtype`, not requiring grad (minidist.torch._tensors.ListViews.same;
+ * a tensor whose methods raise TypeError or RuntimeError is not the same). */
 static PyObject *core_tensors_same(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
     (void)m;
     if (nargs != 6 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2]) ||

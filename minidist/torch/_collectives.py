@@ -407,10 +407,11 @@ def again_sent(kind: str, t: object, ts: object, root: int, g: object) -> bool:
     """A blocking scatter or gather (``kind``) of a plain CPU tensor ``t`` on group ``g``
     (the torch world's group for the default one; a call on any other object is never
     one remembered), with ``ts`` the root's list of tensors (None elsewhere), run at
-    once if it repeats this thread's last such call (:mod:`minidist.shm.repeat`):
-    numbered under the lock, run outside it (True); False, with nothing done, for any
-    other call, which then takes the general path. An env worker's step is two such
-    calls, and so is its learner's (its lists' views kept, :func:`list_views`)."""
+    once if it repeats this thread's last such call (:mod:`minidist.shm.repeat`): numbered
+    while no other call of this adapter is being numbered, then run (True); False, with
+    nothing done, for any other call, which then takes the general path. An env worker's
+    step is two such calls, and so is its learner's (its lists' views kept,
+    :func:`list_views`)."""
     r = getattr(repeat.here, kind, None)
     if r is None or r.door is not md.STATE.blocking:
         return False
@@ -429,7 +430,7 @@ def again_sent(kind: str, t: object, ts: object, root: int, g: object) -> bool:
         out, inp = (arr, None) if kind == "scatter" else (None, arr)
     try:
         step = r.step
-        if step is not None:  # the compiled core's step: numbered under the lock, then run
+        if step is not None:  # the compiled core's step: numbered unless _order is held
             got = step.run(out, inp, root, g, _order.busy)
             if got is None:
                 return False

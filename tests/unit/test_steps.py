@@ -47,7 +47,7 @@ def world():
     areas = [Rooted(seg, g, me) for me in range(N)]
     if areas[1].core is None:
         pytest.skip("the compiled core is not active")
-    fast = SimpleNamespace(gave_up=None)
+    fast = SimpleNamespace(slots=SimpleNamespace(gave_up=None))  # a Fast: its slots' words
     st = SimpleNamespace(
         g=g, areas=areas, fast=fast, calls=Calls(), turns={}, numbers={},
         entered=defaultdict(int), slots={GID: fast}, planner=SimpleNamespace(default=g),
@@ -135,7 +135,7 @@ def test_a_step_leaves_any_other_call_unnumbered(world, other):
 
 
 @pytest.mark.parametrize("why", ["turn", "lost", "died", "aborted", "broken", "rendezvous",
-                                 "gave_up", "pending", "slot"])
+                                 "gave_up", "area_gave_up", "pending", "slot"])
 def test_an_unusual_call_comes_back_numbered_with_nothing_run(world, why):
     st = world
     out = np.zeros(COUNT, np.int32)
@@ -153,8 +153,10 @@ def test_an_unusual_call_comes_back_numbered_with_nothing_run(world, why):
         st.engine.broken[GID] = RuntimeError()
     elif why == "rendezvous":
         st.engine.rendezvous_lost = "gone"
-    elif why == "gave_up":
-        st.fast.gave_up = RuntimeError()
+    elif why == "gave_up":  # Fast.gave_up is its slots' word or its area's
+        st.fast.slots.gave_up = RuntimeError()
+    elif why == "area_gave_up":
+        st.areas[1].gave_up = RuntimeError()
     elif why == "pending":
         st.areas[1].pending = (0, b"", None)
     elif why == "slot":
@@ -162,19 +164,6 @@ def test_an_unusual_call_comes_back_numbered_with_nothing_run(world, why):
     assert s.run(out, None, 0, None) == (0, 0, -1)
     assert s.numbered == (0, 0) and st.numbers[GID] == 1 and st.entered[GID] == 1
     assert out.tolist() == [0] * COUNT and st.areas[1].last == [None, None]
-
-
-@pytest.mark.parametrize("where", ["area", "slots"])
-def test_a_step_reads_gave_up_on_the_area_and_the_fast_slots(world, where):
-    st = world
-    st.fast = st.slots[GID] = SimpleNamespace(slots=SimpleNamespace(gave_up=None))
-    out = np.zeros(COUNT, np.int32)
-    s = step(st, SCATTER, out)  # a Fast's gave_up is its slots' or its area's
-    rows = root_scatter(st, 0)
-    assert s.run(out, None, 0, None) is True and out.tolist() == rows[1].tolist()
-    root_scatter(st, 1, seq=1)
-    (st.areas[1] if where == "area" else st.fast.slots).gave_up = RuntimeError()
-    assert s.run(out, None, 0, None) == (1, 1, -1)
 
 
 def test_a_step_numbers_only_while_no_other_call_is_being_numbered(world):
@@ -247,19 +236,6 @@ def test_a_root_that_called_something_else_comes_back_as_a_mismatch(world):
     root_scatter(st, 0, kind=GATHER)  # its signature is another call's
     assert s.run(out, None, 0, None) == (0, 0, DIFFER)
     assert out.tolist() == [0] * COUNT and st.turns == {}
-
-
-def test_number_then_go_is_run(world):
-    st = world
-    out = np.zeros(COUNT, np.int32)
-    s = step(st, SCATTER, out)
-    rows = root_scatter(st, 0)
-    assert s.number(np.zeros(COUNT, np.float64), None, 0, None) is None
-    job = s.number(out, None, 0, None)
-    assert job == (0, 0) and st.turns == {}
-    assert s.go(out, None, *job) is True and out.tolist() == rows[1].tolist()
-    s.drop()
-    assert s.go(out, None, 1, 1) == (1, 1, -1)  # dropped: the general run takes it on
 
 
 def test_a_step_refuses_a_layout_that_does_not_fit(world):
@@ -355,14 +331,12 @@ def test_a_root_step_leaves_other_calls_alone(world):
         s.run(mine, src, 0)
 
 
-def test_a_root_step_numbered_under_a_lock_then_run(world):
+def test_a_root_step_numbers_only_while_no_other_call_is_being_numbered(world):
     st = world
     src = np.arange(N * COUNT, dtype=np.int32).reshape(N, COUNT)
     mine = np.zeros(COUNT, np.int32)
     s = root_step(st, SCATTER, mine, src)
-    assert s.number(mine, src.astype(np.int64), 0, None) is None
-    job = s.number(mine, src, 0, None)
-    assert job == (0, 0) and st.turns == {}
-    assert s.go(mine, src, *job) is True and mine.tolist() == src[0].tolist()
-    s.drop()
-    assert s.go(mine, src, 1, 1) == (1, 1, -1, -1)
+    assert s.run(mine, src, 0, None, [1]) is None and s.numbered is None
+    assert st.numbers == {} and st.turns == {}
+    assert s.run(mine, src, 0, None, [0]) is True and mine.tolist() == src[0].tolist()
+    assert st.numbers[GID] == 1 and st.turns[GID] == 1
