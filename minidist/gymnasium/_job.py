@@ -24,6 +24,7 @@ from .. import segments, startup
 from ..door import Door
 from ..env import LaunchConfig
 from . import _records as rec
+from ._affinity import pin
 from ._link import TAG_SETUP, Link
 from ._worker import Worker
 
@@ -39,8 +40,10 @@ def _config(rank: int, world_size: int, port: int, secret: bytes) -> LaunchConfi
 def child_main(conn: Any, rank: int, world_size: int, env_ids: list[int],
                env_fns: list[CloudpickleWrapper], layout: rec.Layout, autoreset_mode: Any,
                spaces: tuple[Any, Any], collective: bool, semaphore: Any, restarted: bool,
-               timeout: float) -> None:
-    """A worker process: join the job, run its envs until the parent closes them."""
+               timeout: float, cpu: int | None) -> None:
+    """A worker process: join the job, run its envs until the parent closes them (on
+    ``cpu`` only, when not None)."""
+    pin(cpu)  # before any thread starts: they all inherit it
     try:
         got = conn.recv()
     except EOFError:  # the parent gave up before the job started
@@ -68,13 +71,14 @@ class Job:
     def __init__(self, ctx: Any, blocks: list[range], env_fns: list[Callable[[], Any]],
                  layout: rec.Layout, autoreset_mode: Any, semaphore: Any,
                  spaces: tuple[Any, Any], collective: bool, daemon: bool, timeout: float,
-                 name: str) -> None:
+                 name: str, cpus: list[int] | None) -> None:
         self.ctx = ctx
         self.blocks = blocks
         self.env_fns = [CloudpickleWrapper(fn) for fn in env_fns]
         self.layout, self.autoreset_mode, self.semaphore = layout, autoreset_mode, semaphore
         self.spaces, self.collective = spaces, collective
         self.daemon, self.timeout, self.name = daemon, timeout, name
+        self.cpus = cpus  # worker w's CPU (None: not pinned)
         self.world_size = len(blocks) + 1
         self.secret = secrets.token_hex(16).encode()
         self.port = 0
@@ -109,8 +113,8 @@ class Job:
             target=child_main, name=f"Worker<{self.name}>-{w}", daemon=self.daemon,
             args=(child, w + 1, self.world_size, ids, [self.env_fns[i] for i in ids],
                   self.layout, self.autoreset_mode, self.spaces, self.collective,
-                  self.semaphore, restarted,
-                  self.timeout))
+                  self.semaphore, restarted, self.timeout,
+                  None if self.cpus is None else self.cpus[w]))
         with clear_mpi_env_vars():
             p.start()
         child.close()

@@ -82,12 +82,14 @@ def start(env: Any, ctx: multiprocessing.context.BaseContext, blocks: list[range
     collective = env.batch_size == env.num_envs
     fns = list(env.env_fns)
     if ranks is None:
+        from ._affinity import worker_cpus
         from ._job import Job
 
         semaphore = (ctx.BoundedSemaphore(max_concurrency)
                      if max_concurrency is not None else None)
         job = Job(ctx, blocks, fns, layout, env.autoreset_mode, semaphore, spaces,
-                  collective, env.daemon, timeout, type(env).__name__)
+                  collective, env.daemon, timeout, type(env).__name__,
+                  worker_cpus(len(blocks)) if env.pin_workers else None)
         link, worker_ranks = job.link, job.ranks
         restart = job.restart if env.restart_failed else None
         group = link.new_group([0, *worker_ranks], timeout) if collective else None

@@ -52,6 +52,9 @@ class AsyncVectorEnv(FirstK, VectorEnv):
       :func:`minidist.gymnasium.serve`) instead of processes of its own.
     * ``timeout``: seconds any wait may last before it raises (default the job's timeout,
       ``MINIDIST_TIMEOUT`` or 300); workers wait for their next command without limit.
+    * ``pin_workers``: run each of its own worker processes on one CPU of those the
+      caller may use, round-robin, one thread of every core first (default True;
+      ``ranks=`` are left as they are).
     """
 
     def __new__(cls, env_fns: Sequence[Callable[[], Env]], *args: Any, **kwargs: Any) -> Any:
@@ -60,7 +63,8 @@ class AsyncVectorEnv(FirstK, VectorEnv):
         worker = kwargs.get("worker", args[4] if len(args) > 4 else None)
         if worker is None:
             return super().__new__(cls)
-        mine = {"num_workers", "batch_size", "restart_failed", "ranks", "timeout"}
+        mine = {"num_workers", "batch_size", "restart_failed", "ranks", "timeout",
+                "pin_workers"}
         if mine & set(kwargs):
             raise ValueError(f"{sorted(mine & set(kwargs))} do not apply with a custom "
                              "`worker` (it runs on gymnasium's own AsyncVectorEnv)")
@@ -83,6 +87,7 @@ class AsyncVectorEnv(FirstK, VectorEnv):
         restart_failed: bool = False,
         ranks: Sequence[int] | None = None,
         timeout: float | None = None,
+        pin_workers: bool = True,
     ) -> None:
         self.env_fns = env_fns
         self.shared_memory = shared_memory
@@ -108,6 +113,7 @@ class AsyncVectorEnv(FirstK, VectorEnv):
             raise ValueError(f"batch_size must be between 1 and the number of envs "
                              f"({self.num_envs}), not {batch_size}")
         self.restart_failed = bool(restart_failed)
+        self.pin_workers = bool(pin_workers)
         self._state = AsyncState.DEFAULT
         self._parent: Parent | None = None
 
