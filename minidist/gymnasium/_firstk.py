@@ -32,8 +32,7 @@ class FirstK:
         self._assert_is_running()
         self._idle("send")
         ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids)
-        if ids.ndim != 1 or ids.dtype.kind not in "iu" or len(np.unique(ids)) != len(ids) \
-                or (len(ids) and (ids.min() < 0 or ids.max() >= self.num_envs)):
+        if not _distinct_envs(ids, self.num_envs):
             raise ValueError(f"env_ids must be distinct env indices 0..{self.num_envs - 1}, "
                              f"not {env_ids!r}")
         if self._parent.group is not None and len(ids) != self.num_envs:
@@ -74,3 +73,16 @@ class FirstK:
         infos["env_id"] = ids
         return obs, rewards, terms, truncs, infos
 
+
+
+def _distinct_envs(ids: np.ndarray, num_envs: int) -> bool:
+    """Whether ``ids`` is a 1-d array of distinct integers in 0..num_envs - 1."""
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        return False
+    if not len(ids):
+        return True
+    if ids.min() < 0 or ids.max() >= num_envs:
+        return False
+    seen = np.zeros(num_envs, bool)
+    seen[ids] = True
+    return int(np.count_nonzero(seen)) == len(ids)

@@ -82,6 +82,7 @@ class Parent:
             self.row_of, self.me_row, count = np.arange(nw), -1, nw
         self.worker_of = np.concatenate([np.full(len(b), w) for w, b in enumerate(blocks)])
         self.slot_of = np.concatenate([np.arange(len(b)) for b in blocks])
+        self.block_start = np.array([b.start for b in blocks])
         self.env_row = self.row_of[self.worker_of]
         self.rank_index = {r: w for w, r in enumerate(ranks)}
         self.commands = np.zeros((count, layout.command_size), np.uint8)
@@ -139,12 +140,16 @@ class Parent:
                 view[self.env_row[env_ids], self.slot_of[env_ids]] = batch
 
     def addressing(self, env_ids: np.ndarray) -> tuple[list[int], np.ndarray]:
-        """The workers of ``env_ids`` and their masks (one row each)."""
-        workers = sorted(set(self.worker_of[env_ids].tolist()))
+        """The workers of ``env_ids`` (in worker order) and their masks (one row each)."""
+        of = self.worker_of[env_ids]
+        hit = np.zeros(len(self.blocks), bool)
+        hit[of] = True
+        workers = np.flatnonzero(hit)
+        place = np.empty(len(self.blocks), np.intp)
+        place[workers] = np.arange(len(workers))
         masks = np.zeros((len(workers), self.layout.slots), np.uint8)
-        row = {w: i for i, w in enumerate(workers)}
-        masks[[row[w] for w in self.worker_of[env_ids].tolist()], self.slot_of[env_ids]] = 1
-        return workers, masks
+        masks[place[of], self.slot_of[env_ids]] = 1
+        return workers.tolist(), masks
 
     def send(self, op: int, workers: list[int], payloads: list[Any] | None = None,
              masks: np.ndarray | None = None, split: bool = False,
@@ -171,6 +176,15 @@ class Parent:
             self._post(workers)
             return seq
         self._masks_changed = True
+        if payloads is None and masks is not None and not all_answer:  # first-k steps
+            at = np.asarray(workers)
+            rows = self.row_of[at]
+            self.heads[rows] = (op, 0, flags, seq)
+            self.masks[rows] = masks
+            which, slots = np.nonzero(masks)  # (masks address only their workers' envs)
+            self.env_seq[self.block_start[at[which]] + slots] = seq
+            self._post(workers)
+            return seq
         for i, w in enumerate(workers):
             row = self.command_rows[self.row_of[w]]
             if payloads is not None:
@@ -206,9 +220,12 @@ class Parent:
                     if self.big:
                         self._send_big(workers)
                 else:
+                    send, rows, row_of, ranks = (self.link.send, self.command_rows,
+                                                 self.row_of, self.ranks)
                     for w in workers:
-                        self.link.send(self.command_rows[self.row_of[w]], self.ranks[w])
-                        self._send_big([w])
+                        send(rows[row_of[w]], ranks[w])
+                        if self.big:
+                            self._send_big([w])
                 return
             except PeerLostError as e:
                 self._lost(e)

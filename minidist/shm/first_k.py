@@ -60,6 +60,17 @@ class Many:
     # the call as given (output, its shape, strides and dtype, src, tag, group), when it
     # may be run again (see :func:`again`); else empty
     args: tuple = ()
+    # made once for the whole-record takes (see :func:`_take_rings`): the ranks as a set,
+    # each row's bytes, each sender's key in the engine's table of expected numbers
+    rank_set: frozenset[int] = frozenset()
+    row_bytes: list[memoryview] = field(default_factory=list)
+    seq_keys: dict[int, tuple] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.rank_set = frozenset(self.ranks)
+        if self.whole is not None:
+            self.row_bytes = [memoryview(item.flat).cast("B") for item in self.items]
+            self.seq_keys = {r: (self.group.id, r, self.tag, False) for r in self.ranks}
 
 
 _local = threading.local()  # this thread's last blocking recv_many (see :func:`again`)
@@ -209,22 +220,31 @@ def _take_rings(p2p, m: Many) -> None:
     first = m.start % len(order)
     order = order[first:] + order[:first]
     m.start += 1
-    whole, local, ranks = m.whole, p2p.local, m.ranks
+    whole, local, ranks = m.whole, p2p.local, m.rank_set
+    seqs, keys, rows, taken = engine.p2p_seqs, m.seq_keys, m.row_bytes, m.taken
+    take_if = inbox.take_if
     with p2p.drain_lock:
         progress = True
-        while progress and len(m.taken) < k:
+        while progress and len(taken) < k:
             progress = False
             for ring in order:
-                if len(m.taken) >= k:
+                i = len(taken)
+                if i >= k:
                     return
                 src = local[ring]
                 if whole is not None and src in ranks:
-                    seq = _expected(engine, m, src)
-                    header = wire.encode_p2p(whole[0], 0, gid, seq, src, tag, *whole[1:])
-                    row = memoryview(m.items[len(m.taken)].flat).cast("B")
-                    if inbox.take_if(ring, header, row):
+                    key = keys[src]
+                    seq = seqs.get(key, 0)
+                    header = wire.encode_p2p(whole[0], 0, gid, seq, src, tag, whole[1],
+                                             whole[2], whole[3])
+                    if take_if(ring, header, rows[i]):  # (_took_whole, inline)
                         p2p.received += 1
-                        _took_whole(engine, m, header, src, seq)
+                        seqs[key] = seq + 1
+                        user = m.items[i].user
+                        if user is not None:
+                            np.copyto(user, m.items[i].flat.reshape(user.shape))
+                        m.senders[i] = src
+                        taken.append((header, None))
                         progress = True
                         continue
                 while True:
