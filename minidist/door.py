@@ -22,7 +22,7 @@ own running loop and awaits :meth:`Door.run`.
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from . import forkguard, wire
@@ -211,6 +211,25 @@ class Door:
         if got is not True:  # numbered, but its receiver's ring took nothing
             self.wait(got)
         return True
+
+    def send_each(self, arrays: Sequence[Any], dsts: Sequence[int], tag: int,
+                  group: Any) -> None:
+        """Blocking sends of ``arrays[i]`` to ``dsts[i]`` with ``tag``, in order: each
+        as :meth:`send_again` sends it when it repeats the last to its rank, else
+        planned as any send."""
+        lanes = self._send_lanes
+        for array, dst in zip(arrays, dsts, strict=True):
+            lane = lanes.get((dst, tag)) if lanes else None
+            if lane is not None:  # as send_again, without its frame
+                done = lane.send(array, group)
+                if done is True:
+                    continue
+                if done is not None:
+                    self._doorbell(self.plan.default if group is None else group, dst,
+                                   self.runtime.loop)
+                    continue
+            if not self.send_again(array, dst, tag, group):
+                self.wait(self.plan.prepare_send(array, dst, tag, group))
 
     def recv_again(self, array: Any, src: int, tag: int, group: Any) -> bool:
         """A blocking receive from ``src`` with ``tag`` like the last one from there

@@ -35,6 +35,10 @@ class Link:
         if not d.send_again(row, dst, tag, None):
             d.wait(d.plan.prepare_send(row, dst, tag, None))
 
+    def send_each(self, rows: list[np.ndarray], dsts: list[int]) -> None:
+        """:meth:`send` ``rows[i]`` to ``dsts[i]``, in order."""
+        self.door.send_each(rows, dsts, TAG_ROWS, None)
+
     def recv(self, row: np.ndarray, src: int, tag: int = TAG_ROWS) -> None:
         d = self.door
         if not d.recv_again(row, src, tag, None):

@@ -220,12 +220,11 @@ class Parent:
                     if self.big:
                         self._send_big(workers)
                 else:
-                    send, rows, row_of, ranks = (self.link.send, self.command_rows,
-                                                 self.row_of, self.ranks)
-                    for w in workers:
-                        send(rows[row_of[w]], ranks[w])
-                        if self.big:
-                            self._send_big([w])
+                    rows, row_of, ranks = self.command_rows, self.row_of, self.ranks
+                    self.link.send_each([rows[row_of[w]] for w in workers],
+                                        [ranks[w] for w in workers])
+                    if self.big:
+                        self._send_big(workers)
                 return
             except PeerLostError as e:
                 self._lost(e)

@@ -222,7 +222,7 @@ def _take_rings(p2p, m: Many) -> None:
     m.start += 1
     whole, local, ranks = m.whole, p2p.local, m.rank_set
     seqs, keys, rows, taken = engine.p2p_seqs, m.seq_keys, m.row_bytes, m.taken
-    take_if = inbox.take_if
+    take_if = inbox.take_if if inbox.core is None else inbox.core.take_if
     with p2p.drain_lock:
         progress = True
         while progress and len(taken) < k:

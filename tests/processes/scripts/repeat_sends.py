@@ -4,8 +4,9 @@ send_again), mixed with every other kind: rank 0 sends rounds of messages to ran
 tag, another group), of two dtypes and two shapes of one size, with a strided array and
 an object now and then; the receivers take them in another order than they were sent
 (per group and tag) and check every value. Then rank 1 receives on the loop (async, so its inbox
-closes): the sends that follow find the inbox closed and go through the socket.
-Prints "REPEAT SENDS OK" on rank 0."""
+closes): the sends that follow find the inbox closed and go through the socket. Last,
+rounds of three sends in one ``Door.send_each`` (two to rank 1), planned again when the
+shape changes, one not C-contiguous now and then. Prints "REPEAT SENDS OK" on rank 0."""
 
 import numpy as np
 
@@ -15,6 +16,7 @@ minidist.init()
 rank = minidist.get_rank()
 pair = minidist.new_group([0, 1, 2])  # the world's members, another group
 ROUNDS = 300
+EACH = 100  # rounds of Door.send_each
 
 
 def value(r: int, dst: int, tag: int, g: int, i: int) -> float:
@@ -37,6 +39,14 @@ if rank == 0:
     minidist.send(np.zeros(1), 1, tag=5)  # rank 1 now receives on the loop
     for i in range(50):
         minidist.send(np.full(4, float(i)), 1, tag=3)
+    door = minidist.api.door()  # several sends in one call (minidist.gymnasium's)
+    for r in range(EACH):
+        shape = (4,) if (r // 20) % 2 == 0 else (2, 2)  # a new shape: planned again
+        arrays = [np.full(shape, float(r * 10 + j)) for j in range(3)]
+        if r % 17 == 3:
+            arrays[2] = np.full((2, 4), float(r * 10 + 2))[:, ::2]  # not contiguous
+            assert not arrays[2].flags.c_contiguous  # (the general path)
+        door.send_each(arrays, [1, 2, 1], 6, None)
     minidist.barrier()
     print("REPEAT SENDS OK", flush=True)
 else:
@@ -57,5 +67,12 @@ else:
             got = np.empty(4)
             minidist.irecv(got, 0, tag=3).wait()
             assert (got == i).all(), (i, got)
+    for r in range(EACH):
+        shape = (4,) if (r // 20) % 2 == 0 else (2, 2)
+        mine = (0, 2) if rank == 1 else (1,)
+        for j in mine:
+            got = np.empty((2, 2) if r % 17 == 3 and j == 2 else shape)
+            minidist.recv(got, 0, tag=6)
+            assert (got == r * 10 + j).all(), (r, j, got)
     minidist.barrier()
 minidist.destroy()
