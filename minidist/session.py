@@ -36,7 +36,7 @@ from .shm import fast_slots
 from .shm.algorithm_calls import ShmCalls
 from .shm.calls import FastCalls
 from .shm.group_segments import FastSegments
-from .shm.p2p import LINGER, FastP2P
+from .shm.p2p import BELL_GRACE, LINGER, FastP2P
 from .shm.routes import LANE
 from .transport import addresses
 from .transport.endpoint import Endpoint
@@ -178,6 +178,7 @@ class Session:
         if self.p2p is not None:
             if graceful:  # the messages still in this rank's stash: taken, or given up
                 await self.p2p.linger(min(self.timeout, LINGER))
+            await self.p2p.end_bells(min(self.timeout, BELL_GRACE) if graceful else 0)
             self.p2p.close()
         self.fast_segments.close()
         self.shm.close()

@@ -56,6 +56,7 @@ FIRST_RETRY = 0.001  # ... the first time, doubled each time after (a receiver m
 SPIN_P2P = 100e-6  # a receiver's spin (a sleeping sender takes ~60 us to wake up here)
 RESET_EVERY = 256  # receives after which a spin or yield cut to nothing is tried again
 LINGER = 5.0  # seconds a leaving sender waits at most for its stash's messages to be taken
+BELL_GRACE = 0.5  # seconds a leaving rank waits at most for its doorbells on their way
 NOT_TAKEN = object()  # what :meth:`FastP2P.recv` returns when the loop must receive
 _TAKEN_INTO = np.empty(0, np.uint8)  # a payload already copied into the receive's buffer
 
@@ -95,6 +96,7 @@ class FastP2P:
         self.stashed = 0  # ... of them sent through this rank's stash
         self.dropped: dict[tuple, int] = {}  # messages lost with their sender's stash
         self._waits = 0
+        self._bells: set[asyncio.Task] = set()  # doorbells sent on the loop, not done yet
         mb = self.mailbox
         mb.signal_tag, mb.on_signal = DOORBELL_TAG, self._doorbell
         mb.on_p2p_news = self._news
@@ -217,7 +219,25 @@ class FastP2P:
 
     def _send_on_loop(self, bell: P2P, timeout: float) -> None:
         task = asyncio.ensure_future(self.engine.send_p2p(bell, timeout))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort
+        self._bells.add(task)
+        task.add_done_callback(self._bell_done)
+
+    def _bell_done(self, task: asyncio.Task) -> None:
+        self._bells.discard(task)
+        if not task.cancelled():
+            task.exception()  # best effort: a receiver gone meanwhile says so itself
+
+    async def end_bells(self, limit: float) -> None:
+        """On the loop, before :meth:`close`: wait up to ``limit`` seconds for the
+        doorbells still on their way, then cancel the rest (none is left running)."""
+        bells = set(self._bells)
+        if not bells:
+            return
+        if limit > 0:
+            await asyncio.wait(bells, timeout=limit)
+        for task in bells:
+            task.cancel()
+        await asyncio.gather(*bells, return_exceptions=True)
 
     # ------------------------------------------------------------------ receiving
 
