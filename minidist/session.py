@@ -178,7 +178,7 @@ class Session:
         if self.p2p is not None:
             if graceful:  # the messages still in this rank's stash: taken, or given up
                 await self.p2p.linger(min(self.timeout, LINGER))
-            await self.p2p.end_bells(min(self.timeout, BELL_GRACE) if graceful else 0)
+            await self.p2p.bells.end(min(self.timeout, BELL_GRACE) if graceful else 0)
             self.p2p.close()
         self.fast_segments.close()
         self.shm.close()

@@ -61,6 +61,38 @@ NOT_TAKEN = object()  # what :meth:`FastP2P.recv` returns when the loop must rec
 _TAKEN_INTO = np.empty(0, np.uint8)  # a payload already copied into the receive's buffer
 
 
+class Doorbells:
+    """Doorbells sent on the loop (best effort: a receiver gone meanwhile says so
+    itself), each kept until done; :meth:`end` leaves none running."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.pending: set[asyncio.Task] = set()
+
+    def send_on_loop(self, bell: P2P, timeout: float) -> None:
+        """On the loop: send ``bell`` (a task of its own)."""
+        task = asyncio.ensure_future(self.engine.send_p2p(bell, timeout))
+        self.pending.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.pending.discard(task)
+        if not task.cancelled():
+            task.exception()  # (retrieved: a failed doorbell is no news)
+
+    async def end(self, limit: float) -> None:
+        """On the loop, before the rank leaves: wait up to ``limit`` seconds for the
+        doorbells still on their way, then cancel the rest and wait for them."""
+        bells = set(self.pending)
+        if not bells:
+            return
+        if limit > 0:
+            await asyncio.wait(bells, timeout=limit)
+        for task in bells:
+            task.cancel()
+        await asyncio.gather(*bells, return_exceptions=True)
+
+
 class FastP2P:
     """One rank's shared-memory messages: its inbox and the inboxes it writes to.
     ``session`` gives the engine (errors, numbering, the socket path), the mailbox and
@@ -96,7 +128,7 @@ class FastP2P:
         self.stashed = 0  # ... of them sent through this rank's stash
         self.dropped: dict[tuple, int] = {}  # messages lost with their sender's stash
         self._waits = 0
-        self._bells: set[asyncio.Task] = set()  # doorbells sent on the loop, not done yet
+        self.bells = Doorbells(self.engine)  # those sent on the loop
         mb = self.mailbox
         mb.signal_tag, mb.on_signal = DOORBELL_TAG, self._doorbell
         mb.on_p2p_news = self._news
@@ -215,29 +247,8 @@ class FastP2P:
                    sending=True)
         if not self.engine.send_p2p_now(bell, loop):
             timeout = self.session.timeout_of(group)
-            loop.call_soon_threadsafe(self._send_on_loop, bell, timeout)
+            loop.call_soon_threadsafe(self.bells.send_on_loop, bell, timeout)
 
-    def _send_on_loop(self, bell: P2P, timeout: float) -> None:
-        task = asyncio.ensure_future(self.engine.send_p2p(bell, timeout))
-        self._bells.add(task)
-        task.add_done_callback(self._bell_done)
-
-    def _bell_done(self, task: asyncio.Task) -> None:
-        self._bells.discard(task)
-        if not task.cancelled():
-            task.exception()  # best effort: a receiver gone meanwhile says so itself
-
-    async def end_bells(self, limit: float) -> None:
-        """On the loop, before :meth:`close`: wait up to ``limit`` seconds for the
-        doorbells still on their way, then cancel the rest (none is left running)."""
-        bells = set(self._bells)
-        if not bells:
-            return
-        if limit > 0:
-            await asyncio.wait(bells, timeout=limit)
-        for task in bells:
-            task.cancel()
-        await asyncio.gather(*bells, return_exceptions=True)
 
     # ------------------------------------------------------------------ receiving
 

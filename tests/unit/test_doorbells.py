@@ -8,16 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from minidist.shm.p2p import FastP2P
+from minidist.shm.p2p import Doorbells
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def _p2p(send_p2p) -> FastP2P:
-    p = FastP2P.__new__(FastP2P)  # only what the doorbells use
-    p._bells = set()
-    p.engine = SimpleNamespace(send_p2p=send_p2p)
-    return p
+def _p2p(send_p2p) -> Doorbells:
+    return Doorbells(SimpleNamespace(send_p2p=send_p2p))
 
 
 def test_a_doorbell_stuck_on_its_way_is_cancelled_when_the_rank_leaves():
@@ -32,13 +29,13 @@ def test_a_doorbell_stuck_on_its_way_is_cancelled_when_the_rank_leaves():
 
     async def main():
         p = _p2p(forever)
-        p._send_on_loop(object(), 1.0)
+        p.send_on_loop(object(), 1.0)
         await asyncio.sleep(0)
-        assert len(p._bells) == 1
+        assert len(p.pending) == 1
         start = asyncio.get_running_loop().time()
-        await p.end_bells(0.05)
+        await p.end(0.05)
         assert asyncio.get_running_loop().time() - start < 1
-        assert not p._bells
+        assert not p.pending
         assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
 
     asyncio.run(main())
@@ -57,13 +54,13 @@ def test_a_doorbell_on_its_way_is_waited_for_and_a_failed_one_is_quiet():
 
     async def main():
         p = _p2p(quick)
-        p._send_on_loop("a", 1.0)
-        await p.end_bells(5)
-        assert rung == ["a"] and not p._bells
+        p.send_on_loop("a", 1.0)
+        await p.end(5)
+        assert rung == ["a"] and not p.pending
         p = _p2p(failing)
-        p._send_on_loop("b", 1.0)
+        p.send_on_loop("b", 1.0)
         await asyncio.sleep(0.01)
-        assert not p._bells  # done, its error retrieved (no "never retrieved" warning)
-        await p.end_bells(0)
+        assert not p.pending  # done, its error retrieved (no "never retrieved" warning)
+        await p.end(0)
 
     asyncio.run(main())
