@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from .env import uvloop_allowed
 
 T = TypeVar("T")
+END_GRACE = 1.0  # seconds the tasks pending when the loop stops have to end, cancelled
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -37,6 +38,20 @@ class Runtime:
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
+        self._end_tasks()
+
+    def _end_tasks(self) -> None:
+        """After the loop stopped: cancel the tasks still pending (a receive that a
+        timeout left running, say) and let them finish, for up to END_GRACE seconds."""
+        tasks = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+        if not tasks:
+            return
+        for t in tasks:
+            t.cancel()
+        self.loop.run_until_complete(asyncio.wait(tasks, timeout=END_GRACE))
+        for t in tasks:
+            if t.done() and not t.cancelled():
+                t.exception()  # (retrieved: the caller that wanted it is gone)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Run a coroutine on the loop; its result or exception arrives in the future."""
@@ -65,7 +80,7 @@ class Runtime:
         return tasks[0].result()
 
     def stop(self) -> None:
-        """Stop the loop and join the thread (pending tasks are dropped)."""
+        """Stop the loop and join the thread (pending tasks are cancelled first)."""
         if self.loop.is_closed():
             return
         self.loop.call_soon_threadsafe(self.loop.stop)
