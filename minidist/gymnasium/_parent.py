@@ -105,6 +105,8 @@ class Parent:
         self.lost: WorkerLostError | None = None  # a death that ended the vector env
         self._masks_changed = True  # the command rows' masks are not the full ones
         self.group_ranks = None if group is None else np.asarray(group.ranks)
+        self._kept: tuple = (None,)  # (rows, their workers' rows, ranks): _workers_rows
+        self._kept_records: tuple = (None,)  # (rows, as records): _records
         lo = int(self.row_of[0])
         self._dense = (all(len(b) == m for b in blocks)
                        and np.array_equal(self.row_of, np.arange(lo, lo + nw)))
@@ -287,8 +289,18 @@ class Parent:
         """A gather's rows without the parent's own, when it is the first (a private
         job's), and their ranks."""
         if self.me_row == 0:
-            return rows[1:], self.group_ranks[1:]
+            kept = self._kept
+            if kept[0] is not rows:  # (the same rows each step: their views made once)
+                kept = self._kept = (rows, rows[1:], self.group_ranks[1:])
+            return kept[1], kept[2]
         return rows, self.group_ranks
+
+    def _records(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` as one record per row: (records, record_size)."""
+        kept = self._kept_records
+        if kept[0] is not rows:
+            kept = self._kept_records = (rows, rows.reshape(-1, self.layout.record_size))
+        return kept[1]
 
     def _sort(self, rows: np.ndarray, senders: np.ndarray, fresh: list[np.ndarray],
               payloads: dict[int, bytes], count: int) -> int:
@@ -296,8 +308,9 @@ class Parent:
         big payload (fresh or not, in each sender's order); the count of fresh records
         so far."""
         lay = self.layout
-        recs = rows.reshape(-1, lay.record_size)
-        if self._in_order and len(recs) == self.num_envs and not recs[:, 7].any():
+        recs = self._records(rows)
+        if self._in_order and len(recs) == self.num_envs and \
+                not np.count_nonzero(recs[:, 7]):
             # every gather answers the one scatter before it: all fresh, in env order
             self.env_seq[:] = -1
             fresh.append(recs)
@@ -311,7 +324,7 @@ class Parent:
             keep[valid] = recs[valid, 20:24].view(np.int32)[:, 0] == self.env_seq[ids[valid]]
         self.env_seq[ids[keep]] = -1
         flags = recs[:, 7]
-        if flags.any():
+        if np.count_nonzero(flags):
             rank_of = np.repeat(senders, lay.slots)
             for i in np.flatnonzero(valid & ((flags & rec.F_BIG) > 0)).tolist():
                 data = self.link.recv_object(int(rank_of[i]))
@@ -357,6 +370,7 @@ class Parent:
         if self.group is not None:
             self.group = self.link.new_group(list(self.group.ranks), self.timeout)
             self.group_ranks = np.asarray(self.group.ranks)
+            self._kept = (None,)
             for r in self.ranks:
                 self.link.send_object(self.group, r, tag=TAG_SETUP)
             self._post(list(range(len(self.blocks))))

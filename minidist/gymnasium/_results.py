@@ -25,6 +25,18 @@ class _Infos:
         self.num_envs = num_envs
 
 
+class _Columns:
+    """Views of the fields of a block of records (one record per row)."""
+
+    def __init__(self, recs: np.ndarray, layout: rec.Layout, obs_space: Space) -> None:
+        self.status, self.terminated, self.truncated = recs[:, 4], recs[:, 5], recs[:, 6]
+        self.rewards = recs[:, 8:16].view(np.float64)[:, 0]
+        self.lengths = recs[:, 16:20].view(np.int32)[:, 0]
+        leaves = layout.obs_leaves or []
+        self.obs = [rec.batch_view(recs, leaf, rec.RECORD_HEAD) for leaf in leaves]
+        self.single = len(leaves) == 1 and type(obs_space) in rec.FLAT
+
+
 class Results:
     """Reads records of ``layout`` for envs of ``obs_space``. ``failed`` collects the
     envs that raised (env id -> the error in words)."""
@@ -32,6 +44,7 @@ class Results:
     def __init__(self, layout: rec.Layout, obs_space: Space) -> None:
         self.layout, self.obs_space = layout, obs_space
         self.failed: dict[int, str] = {}
+        self._kept: tuple = (None,)  # (records, their columns): _columns
 
     def payload(self, taken: Taken, i: int) -> Any:
         """The unpickled payload of record ``i`` (inline or big)."""
@@ -46,12 +59,14 @@ class Results:
         """Observations (written into ``obs_out``, a batch of the records' count),
         rewards, terminations, truncations and infos of the records, in their order."""
         recs = taken.records
-        self.raise_errors(taken)
+        cols = self._columns(recs)
+        if np.count_nonzero(cols.status):
+            self.raise_errors(taken)
         k = len(recs)
-        lengths = recs[:, 16:20].view(np.int32)[:, 0]
+        lengths = cols.lengths
         infos: dict[str, Any] = {}
         obs_list: list[Any] | None = None if self.layout.obs_leaves else [None] * k
-        if lengths.any():
+        if np.count_nonzero(lengths):
             batch = _Infos(k)
             flags = recs[:, 7]
             for i in np.flatnonzero(lengths).tolist():
@@ -61,14 +76,20 @@ class Results:
                 if got:
                     infos = batch._add_info(infos, got, i)
         if obs_list is None:
-            for leaf, out in zip(self.layout.obs_leaves, rec.values(self.obs_space, obs_out),
-                                 strict=True):
-                out[...] = rec.batch_view(recs, leaf, rec.RECORD_HEAD)
+            outs = [obs_out] if cols.single else rec.values(self.obs_space, obs_out)
+            for view, out in zip(cols.obs, outs, strict=True):
+                out[...] = view
         else:
             obs_out = concatenate(self.obs_space, obs_list, obs_out)
-        rewards = recs[:, 8:16].view(np.float64)[:, 0].copy()
-        return (obs_out, rewards, recs[:, 5].astype(np.bool_), recs[:, 6].astype(np.bool_),
-                infos)
+        return (obs_out, cols.rewards.copy(), cols.terminated.astype(np.bool_),
+                cols.truncated.astype(np.bool_), infos)
+
+    def _columns(self, recs: np.ndarray) -> _Columns:
+        """The fields of records ``recs`` as arrays (made once for the same records)."""
+        kept = self._kept
+        if kept[0] is not recs:
+            kept = self._kept = (recs, _Columns(recs, self.layout, self.obs_space))
+        return kept[1]
 
     def objects(self, ordered: Taken) -> tuple[Any, ...]:
         """Each record's payload (None where it has none), records in env order."""

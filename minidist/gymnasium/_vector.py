@@ -316,7 +316,7 @@ class AsyncVectorEnv(FirstK, VectorEnv):
         self._check_usable(None)
 
     def _nothing_in_flight(self, what: str) -> None:
-        if self._in_flight.any():
+        if np.count_nonzero(self._in_flight):
             raise AlreadyPendingCallError(
                 f"Calling `{what}` while env(s) {np.flatnonzero(self._in_flight).tolist()} "
                 "are still stepping: `recv` them first", "step")

@@ -75,6 +75,12 @@ class Worker:
         scalar = (layout.action_leaves is not None and type(self.action_space) in rec.FLAT
                   and layout.action_leaves[0].shape == ())
         self._act_scalar = [v[0] for v in self._act_views] if scalar else None
+        self._mask = self.command[layout.mask_offset:layout.mask_offset + layout.slots]
+        # a step's envs run in one loop (:meth:`_steps`): scalar actions, one flat
+        # observation, no semaphore, every slot of the row an env of this worker
+        self._plain = (self._act_scalar is not None and self._obs_single is not None
+                       and semaphore is None and len(self.slots) == layout.slots)
+        self._record = rec.RECORD.pack_into
 
     # ------------------------------------------------------------------ the loop
 
@@ -86,6 +92,9 @@ class Worker:
             while True:
                 try:
                     op, payload, flags, mask = self._next()
+                    if op == rec.STEP and self._plain and payload is None and \
+                            self._steps(flags):
+                        continue
                     if op == rec.CLOSE:
                         self._close(mask, flags)
                         return
@@ -134,8 +143,7 @@ class Worker:
                 self._post(row, big)
         self.seq = self.last_seq = seq
         self.saved = []
-        start = self.layout.mask_offset
-        mask = self.command[start:start + self.layout.slots]
+        mask = self._mask
         if flags & rec.BIG:
             payload = pickle.loads(self.link.recv_object(self.parent))
         elif n:
@@ -193,6 +201,62 @@ class Worker:
                 self._send()
         if not split:
             self._send()
+
+    def _steps(self, flags: int) -> bool:
+        """A step of every env of the row in one loop (what :meth:`_answer` with
+        :meth:`_step` does, for the layout of ``_plain``): True when done and sent;
+        False, with nothing done, when the general path must answer (not every slot
+        addressed, a slot failed or restarted, a split row of several envs)."""
+        slots = self.slots
+        if flags & rec.SPLIT and len(slots) > 1:
+            return False
+        mask = self._mask
+        for k, s in enumerate(slots):
+            if not mask[k] or s.failed or s.restarted:
+                return False
+        reply, size, seq, put = self.reply, self._record_size, self.seq, self._record
+        acts, single = self._act_scalar, self._obs_single
+        mode = self.autoreset_mode
+        next_step, same_step = mode == AutoresetMode.NEXT_STEP, mode == AutoresetMode.SAME_STEP
+        payload_at = self.layout.record_payload_offset
+        for k, s in enumerate(slots):
+            try:
+                if next_step and s.autoreset:
+                    obs, info = s.env.reset()
+                    reward, term, trunc = 0.0, False, False
+                else:
+                    obs, reward, term, trunc, info = s.env.step(acts[k][()])
+                    if same_step and (term or trunc):
+                        reset_obs, reset_info = s.env.reset()
+                        info = {"final_info": info, "final_obs": obs, **reset_info}
+                        obs = reset_obs
+                if next_step:
+                    s.autoreset = bool(term or trunc)
+                s.last_obs = obs
+            except (KeyboardInterrupt, Exception) as e:  # as _answer reports it
+                s.failed = True
+                got = self._error(e)
+                try:
+                    s.env.close()
+                except Exception:
+                    pass
+                self._write(k, s, got)
+                continue
+            if obs is not None:
+                single[k][...] = obs
+            n, f = 0, 0
+            if info:
+                data = pickle.dumps(info, protocol=5)
+                n = len(data)
+                if n > rec.REPLY_PAYLOAD:
+                    f = rec.F_BIG
+                    self._big.append(data)
+                else:
+                    off = k * size + payload_at
+                    reply[off:off + n] = np.frombuffer(data, np.uint8)
+            put(reply, k * size, s.env_id, rec.OK, term, trunc, f, reward, n, seq)
+        self._send()
+        return True
 
     def _clear(self) -> None:
         r = self.layout.record_size

@@ -174,10 +174,12 @@ def test_calls_out_of_order_raise_gymnasiums_errors(no_leftovers):
         env.reset()
 
 
-def test_an_envs_error_is_raised_as_gymnasium_does(no_leftovers):
-    env = AsyncVectorEnv([partial(Broken, i) for i in range(3)])
+@pytest.mark.parametrize("num_workers", [None, 1])
+def test_an_envs_error_is_raised_as_gymnasium_does(num_workers, no_leftovers):
+    env = AsyncVectorEnv([partial(Broken, i) for i in range(3)], num_workers=num_workers)
     try:
         env.reset()
+        env.step(np.array([1, 1, 1]))
         with pytest.warns(UserWarning, match="Received the following error from Worker-1"):
             with pytest.raises(ValueError, match="env 1 refuses action 2"):
                 env.step(np.array([1, 2, 1]))
