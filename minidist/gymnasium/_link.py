@@ -60,18 +60,19 @@ class Link:
 
     def scatter(self, output: np.ndarray, input: np.ndarray | None, src: int,
                 group: Group) -> None:
-        self._rooted("scatter", output, input, src, group)
+        if not self.door.rooted_again("scatter", output, input, src, group):
+            self._rooted("scatter", output, input, src, group)
 
     def gather(self, input: np.ndarray, output: np.ndarray | None, dst: int,
                group: Group) -> None:
-        self._rooted("gather", output, input, dst, group)
+        if not self.door.rooted_again("gather", output, input, dst, group):
+            self._rooted("gather", output, input, dst, group)
 
     def _rooted(self, kind: str, output: np.ndarray | None, input: np.ndarray | None,
                 root: int, group: Group) -> None:
-        """A blocking scatter or gather: run again as planned when it repeats the last."""
+        """A blocking scatter or gather that does not repeat the last: planned, run and
+        remembered (to run again as planned)."""
         d = self.door
-        if d.rooted_again(kind, output, input, root, group):
-            return
         if kind == "scatter":
             item = d.plan.prepare_scatter(output, input, root, group, None)
         else:
