@@ -3,12 +3,14 @@
 A vector env's workers are woken together and step at the same time; left to itself the
 scheduler may queue two of them on one core while another core idles, for as long as
 neither moves (a step then takes twice as long). Each worker is pinned to one CPU of
-those the parent may use, round-robin, one hardware thread of every core before a
-core's second thread, as Sample Factory does by default."""
+those the parent may use, round-robin (on from the vector envs made before in the
+process), one hardware thread of every core before a core's second thread, as Sample
+Factory does by default."""
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable
 
 SYS_CPUS = "/sys/devices/system/cpu"
@@ -38,13 +40,22 @@ def spread(allowed: Iterable[int], siblings: Callable[[int], str | None] = _sibl
     return sorted(cpus, key=lambda c: (turn[c], c))
 
 
+_dealt = 0  # workers placed by this process so far: the next vector env goes on from there
+_dealing = threading.Lock()
+
+
 def worker_cpus(num_workers: int, allowed: Iterable[int] | None = None) -> list[int]:
-    """The CPU of each of ``num_workers`` workers (round-robin over :func:`spread` of
-    ``allowed``, default the CPUs this process may run on)."""
+    """The CPU of each of ``num_workers`` workers: round-robin over :func:`spread` of
+    ``allowed`` (default the CPUs this process may run on), going on from where the
+    vector envs made before in this process left off (two one-worker envs take two
+    CPUs, not one twice)."""
+    global _dealt
     order = spread(os.sched_getaffinity(0) if allowed is None else allowed)
     if not order:
         raise ValueError("no CPU to place the workers on")
-    return [order[w % len(order)] for w in range(num_workers)]
+    with _dealing:
+        first, _dealt = _dealt, _dealt + num_workers
+    return [order[(first + w) % len(order)] for w in range(num_workers)]
 
 
 def pin(cpu: int | None) -> None:

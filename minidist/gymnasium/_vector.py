@@ -53,8 +53,9 @@ class AsyncVectorEnv(FirstK, VectorEnv):
     * ``timeout``: seconds any wait may last before it raises (default the job's timeout,
       ``MINIDIST_TIMEOUT`` or 300); workers wait for their next command without limit.
     * ``pin_workers``: run each of its own worker processes on one CPU of those the
-      caller may use, round-robin, one thread of every core first (default True;
-      ``ranks=`` are left as they are).
+      caller may use, round-robin (on from the vector envs made before in this
+      process), one thread of every core first (default True; ``ranks=`` are left as
+      they are).
     """
 
     def __new__(cls, env_fns: Sequence[Callable[[], Env]], *args: Any, **kwargs: Any) -> Any:
