@@ -111,15 +111,17 @@ def test_custom_spaces_are_pickled(no_leftovers):
         env.close()
 
 
-def test_big_observations_and_infos_go_around_the_rows(no_leftovers):
-    fns = [partial(Counter, i, limit=1000, info_bytes=20_000) for i in range(3)]
-    env = AsyncVectorEnv(fns, num_workers=2)
+@pytest.mark.parametrize("num_workers,info_bytes", [(2, 20_000), (None, 20_000), (1, 20_000),
+                                                    (None, 40), (1, 40)])
+def test_big_observations_and_infos_go_around_the_rows(num_workers, info_bytes, no_leftovers):
+    fns = [partial(Counter, i, limit=1000, info_bytes=info_bytes) for i in range(3)]
+    env = AsyncVectorEnv(fns, num_workers=num_workers)
     try:
         env.reset(seed=0)
         for t in range(1, 6):
             obs, _, _, _, info = env.step(np.full(3, 2))
             assert obs[:, 1].tolist() == [2 * t] * 3
-            assert info["blob"].shape == (3, 20_000)
+            assert info["blob"].shape == (3, info_bytes)
             assert (info["blob"] == (2 * t) % 251).all()
         # a call's big result: each env's whole blob back
         assert [len(x) for x in env.call("_obs")] == [3, 3, 3]
