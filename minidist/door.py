@@ -215,19 +215,9 @@ class Door:
     def send_each(self, arrays: Sequence[Any], dsts: Sequence[int], tag: int,
                   group: Any) -> None:
         """Blocking sends of ``arrays[i]`` to ``dsts[i]`` with ``tag``, in order: each
-        as :meth:`send_again` sends it when it repeats the last to its rank, else
-        planned as any send."""
-        lanes = self._send_lanes
+        by :meth:`send_again` when it repeats the last to its rank, else planned as any
+        send."""
         for array, dst in zip(arrays, dsts, strict=True):
-            lane = lanes.get((dst, tag)) if lanes else None
-            if lane is not None:  # as send_again, without its frame
-                done = lane.send(array, group)
-                if done is True:
-                    continue
-                if done is not None:
-                    self._doorbell(self.plan.default if group is None else group, dst,
-                                   self.runtime.loop)
-                    continue
             if not self.send_again(array, dst, tag, group):
                 self.wait(self.plan.prepare_send(array, dst, tag, group))
 

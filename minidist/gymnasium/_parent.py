@@ -105,7 +105,7 @@ class Parent:
         self.lost: WorkerLostError | None = None  # a death that ended the vector env
         self._masks_changed = True  # the command rows' masks are not the full ones
         self.group_ranks = None if group is None else np.asarray(group.ranks)
-        self._kept: tuple = (None,)  # (rows, their workers' rows, ranks): _workers_rows
+        self._kept: tuple = (None,)  # (rows, their workers' rows): _workers_rows
         self._kept_records: tuple = (None,)  # (rows, as records): _records
         lo = int(self.row_of[0])
         self._dense = (all(len(b) == m for b in blocks)
@@ -290,9 +290,9 @@ class Parent:
         job's), and their ranks."""
         if self.me_row == 0:
             kept = self._kept
-            if kept[0] is not rows:  # (the same rows each step: their views made once)
-                kept = self._kept = (rows, rows[1:], self.group_ranks[1:])
-            return kept[1], kept[2]
+            if kept[0] is not rows:  # (the same rows each step: the view made once)
+                kept = self._kept = (rows, rows[1:])
+            return kept[1], self.group_ranks[1:]
         return rows, self.group_ranks
 
     def _records(self, rows: np.ndarray) -> np.ndarray:
@@ -370,7 +370,6 @@ class Parent:
         if self.group is not None:
             self.group = self.link.new_group(list(self.group.ranks), self.timeout)
             self.group_ranks = np.asarray(self.group.ranks)
-            self._kept = (None,)
             for r in self.ranks:
                 self.link.send_object(self.group, r, tag=TAG_SETUP)
             self._post(list(range(len(self.blocks))))

@@ -218,7 +218,6 @@ class Worker:
         acts, single = self._act_scalar, self._obs_single
         mode = self.autoreset_mode
         next_step, same_step = mode == AutoresetMode.NEXT_STEP, mode == AutoresetMode.SAME_STEP
-        payload_at = self.layout.record_payload_offset
         for k, s in enumerate(slots):
             try:
                 if next_step and s.autoreset:
@@ -244,16 +243,10 @@ class Worker:
                 continue
             if obs is not None:
                 single[k][...] = obs
-            n, f = 0, 0
+            n = f = 0
             if info:
                 data = pickle.dumps(info, protocol=5)
-                n = len(data)
-                if n > rec.REPLY_PAYLOAD:
-                    f = rec.F_BIG
-                    self._big.append(data)
-                else:
-                    off = k * size + payload_at
-                    reply[off:off + n] = np.frombuffer(data, np.uint8)
+                n, f = len(data), self._payload(k, data)
             put(reply, k * size, s.env_id, rec.OK, term, trunc, f, reward, n, seq)
         self._send()
         return True
@@ -311,16 +304,21 @@ class Worker:
                                            strict=True):
                         view[...] = value
                 payload = pickle.dumps(info, protocol=5) if info else _NO_INFO
-        n = len(payload)
-        base = k * self._record_size
+        rec.RECORD.pack_into(self.reply, k * self._record_size, s.env_id, status, term,
+                             trunc, flags | self._payload(k, payload), reward, len(payload),
+                             self.seq)
+
+    def _payload(self, k: int, data: bytes) -> int:
+        """Put ``data`` in record ``k``'s payload, or, too big for it, after the row
+        (:data:`rec.F_BIG`, the record's flag to say so; else 0)."""
+        n = len(data)
         if n > rec.REPLY_PAYLOAD:
-            flags |= rec.F_BIG
-            self._big.append(payload)
-        elif n:
-            off = base + self.layout.record_payload_offset
-            self.reply[off:off + n] = np.frombuffer(payload, np.uint8)
-        rec.RECORD.pack_into(self.reply, base, s.env_id, status, term, trunc, flags, reward,
-                             n, self.seq)
+            self._big.append(data)
+            return rec.F_BIG
+        if n:
+            off = k * self._record_size + self.layout.record_payload_offset
+            self.reply[off:off + n] = np.frombuffer(data, np.uint8)
+        return 0
 
     # ------------------------------------------------------------------ the commands
 

@@ -60,17 +60,18 @@ class Many:
     # the call as given (output, its shape, strides and dtype, src, tag, group), when it
     # may be run again (see :func:`again`); else empty
     args: tuple = ()
-    # made once for the whole-record takes (see :func:`_take_rings`): the ranks as a set,
-    # each row's bytes, each sender's key in the engine's table of expected numbers
+    # made once per call: the ranks as a set, each sender's key in the engine's table of
+    # expected numbers, and (for the whole-record takes of :func:`_take_rings`) each row's
+    # bytes
     rank_set: frozenset[int] = frozenset()
-    row_bytes: list[memoryview] = field(default_factory=list)
     seq_keys: dict[int, tuple] = field(default_factory=dict)
+    row_bytes: list[memoryview] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rank_set = frozenset(self.ranks)
+        self.seq_keys = {r: (self.group.id, r, self.tag, False) for r in self.ranks}
         if self.whole is not None:
             self.row_bytes = [memoryview(item.flat).cast("B") for item in self.items]
-            self.seq_keys = {r: (self.group.id, r, self.tag, False) for r in self.ranks}
 
 
 _local = threading.local()  # this thread's last blocking recv_many (see :func:`again`)
@@ -154,11 +155,12 @@ def remember(m: Many) -> None:
 
 
 def _expected(engine, m: Many, src: int) -> int:
-    return engine.p2p_seqs.get((m.group.id, src, m.tag, False), 0)
+    """The number of the next message from ``src`` (a rank of ``m``) for this call."""
+    return engine.p2p_seqs.get(m.seq_keys[src], 0)
 
 
 def _took(engine, m: Many, src: int, seq: int) -> None:
-    engine.p2p_seqs[(m.group.id, src, m.tag, False)] = seq + 1
+    engine.p2p_seqs[m.seq_keys[src]] = seq + 1
 
 
 def _took_whole(engine, m: Many, header: wire.Header | bytes, src: int, seq: int) -> None:
@@ -202,7 +204,7 @@ def take_early(engine, mailbox, m: Many) -> None:
     for key in list(early):
         if len(m.taken) >= k:
             return
-        if key[4] and key[1] == gid and key[3] == tag and key[0] in m.ranks and \
+        if key[4] and key[1] == gid and key[3] == tag and key[0] in m.rank_set and \
                 key[2] == _expected(engine, m, key[0]):
             got = early.pop(key, None)
             if got is not None:
@@ -220,8 +222,7 @@ def _take_rings(p2p, m: Many) -> None:
     first = m.start % len(order)
     order = order[first:] + order[:first]
     m.start += 1
-    whole, local, ranks = m.whole, p2p.local, m.rank_set
-    seqs, keys, rows, taken = engine.p2p_seqs, m.seq_keys, m.row_bytes, m.taken
+    whole, local, ranks, rows, taken = m.whole, p2p.local, m.rank_set, m.row_bytes, m.taken
     take_if = inbox.take_if if inbox.core is None else inbox.core.take_if
     with p2p.drain_lock:
         progress = True
@@ -233,18 +234,12 @@ def _take_rings(p2p, m: Many) -> None:
                     return
                 src = local[ring]
                 if whole is not None and src in ranks:
-                    key = keys[src]
-                    seq = seqs.get(key, 0)
+                    seq = _expected(engine, m, src)
                     header = wire.encode_p2p(whole[0], 0, gid, seq, src, tag, whole[1],
                                              whole[2], whole[3])
-                    if take_if(ring, header, rows[i]):  # (_took_whole, inline)
+                    if take_if(ring, header, rows[i]):
                         p2p.received += 1
-                        seqs[key] = seq + 1
-                        user = m.items[i].user
-                        if user is not None:
-                            np.copyto(user, m.items[i].flat.reshape(user.shape))
-                        m.senders[i] = src
-                        taken.append((header, None))
+                        _took_whole(engine, m, header, src, seq)
                         progress = True
                         continue
                 while True:
@@ -255,7 +250,7 @@ def _take_rings(p2p, m: Many) -> None:
                     if h is None:
                         inbox.take(ring)  # not what this ring's sender writes: dropped
                         continue
-                    if not (h.group == gid and h.tag == tag and h.src in m.ranks
+                    if not (h.group == gid and h.tag == tag and h.src in ranks
                             and h.seq == _expected(engine, m, h.src)):
                         rec = inbox.take(ring)  # another receive's: to the mailbox
                         p2p.set_aside(h, rec[1], p2p.loop)
