@@ -43,7 +43,7 @@ def _affinities(env: AsyncVectorEnv) -> list[set[int]]:
     return [os.sched_getaffinity(p.pid) for p in env._job.processes]
 
 
-def test_each_worker_runs_on_its_own_cpu_and_a_restarted_one_on_the_same():
+def test_each_worker_runs_on_its_own_cpu_and_a_restarted_one_on_the_same(no_leftovers):
     mine = os.sched_getaffinity(0)
     env = AsyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(4)],
                          num_workers=2, restart_failed=True)
@@ -63,7 +63,7 @@ def test_each_worker_runs_on_its_own_cpu_and_a_restarted_one_on_the_same():
         env.close()
 
 
-def test_pin_workers_false_leaves_them_where_the_caller_may_run():
+def test_pin_workers_false_leaves_them_where_the_caller_may_run(no_leftovers):
     env = AsyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(3)],
                          pin_workers=False)
     try:
@@ -74,7 +74,7 @@ def test_pin_workers_false_leaves_them_where_the_caller_may_run():
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
-def test_two_one_worker_vector_envs_take_two_cpus():
+def test_two_one_worker_vector_envs_take_two_cpus(no_leftovers):
     envs = []
     try:
         for _ in range(2):
