@@ -71,6 +71,10 @@ def main() -> None:
         report("script start", *start)
         report("after init()", *after_init)
         report(f"after {workload}", *after)
+        if TRACED:
+            print("what Python allocated since the fork and still holds, by line:")
+            for stat in tracemalloc.take_snapshot().statistics("lineno")[:15]:
+                print(f"    {stat.size / 1024:8.1f} KiB {stat.count:7d} blocks  {stat.traceback}")
     md.barrier()
     md.destroy()
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import operator
 import struct
 from dataclasses import dataclass, field
+
+import numpy as np
 
 
 @dataclass(frozen=True, eq=False)
@@ -22,14 +25,20 @@ class Group:
     name: str = ""
     #: seconds every call on this group may take (None: the job's timeout)
     timeout: float | None = field(default=None, compare=False)
-    _index: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
+    _index: dict[int, int] = field(default_factory=dict, init=False, repr=False,
+                                   compare=False)
     #: the epoch a shrink gave this group (0: not made by shrink_group)
     epoch: int = field(default=0, compare=False)
     #: how often each member had been restarted when the group was made (empty: never)
     incarnations: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self._index.update(zip(self.ranks, range(len(self.ranks))))
+        # a run of consecutive ranks (the world, a node's ranks) is looked up by
+        # arithmetic; any other group's table is made when first needed (a rank holds
+        # no per-member table for the world or for groups it only names)
+        lo = self.ranks[0] if self.ranks else 0
+        run = all(map(operator.eq, self.ranks, range(lo, lo + len(self.ranks))))
+        object.__setattr__(self, "_first", lo if run else None)
 
     @property
     def size(self) -> int:
@@ -37,6 +46,12 @@ class Group:
 
     def rank_of(self, global_rank: int) -> int:
         """The group rank of a global rank, or -1 if it is not a member."""
+        lo = self._first
+        if lo is not None and isinstance(global_rank, (int, np.integer)):
+            i = int(global_rank) - lo
+            return i if 0 <= i < len(self.ranks) else -1
+        if not self._index:
+            self._index.update(zip(self.ranks, range(len(self.ranks))))
         return self._index.get(global_rank, -1)
 
     def global_rank(self, group_rank: int) -> int:
@@ -45,7 +60,7 @@ class Group:
         return self.ranks[group_rank]
 
     def __contains__(self, global_rank: int) -> bool:
-        return global_rank in self._index
+        return self.rank_of(global_rank) >= 0
 
     def __repr__(self) -> str:
         shown = self.ranks if len(self.ranks) <= 8 else (*self.ranks[:4], "...", self.ranks[-1])

@@ -29,7 +29,8 @@ class Placement:
         self._layouts.clear()
         if read_keys is None or len(read_keys) != len(self.nodes):
             read_keys = [None] * len(self.nodes)
-        self._read_keys = list(read_keys)
+        same: dict[str | None, str | None] = {}  # one string per distinct key
+        self._read_keys = [same.setdefault(k, k) for k in read_keys]
         self._reads.clear()
 
     def layout(self, g: Group) -> tuple[int, ...]:

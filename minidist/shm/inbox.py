@@ -60,6 +60,7 @@ import mmap
 import os
 import stat
 import struct
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -180,11 +181,11 @@ class Inbox:
     (``senders``: their global ranks, whose stashes hold the large messages)."""
 
     def __init__(self, job: str, rank: int, rings: int,
-                 senders: list[int] | None = None) -> None:
+                 senders: Sequence[int] | None = None) -> None:
         self.name = inbox_name(job, rank, os.getpid())
         self.job = job
         self.rings = rings
-        self.senders = list(range(rings)) if senders is None else senders
+        self.senders = range(rings) if senders is None else senders
         self._stashes: dict[tuple[int, int], np.ndarray] = {}  # (ring, pid) -> mapping
         _sweep(job, rank, inbox_name)
         # this rank reserves the header and the rings' HEAD and TAIL words; a ring's
@@ -196,14 +197,20 @@ class Inbox:
         self.words = self.mem.view(np.int32)
         self.base = self.mem.ctypes.data
         struct.pack_into("<qq", self.mem, _MAGIC, MAGIC, rings)
-        at = np.arange(rings) * CTRL + HEADER
-        self._heads = (at + _HEAD) // 4
-        self._tails = (at + _TAIL) // 4
-        self._head_at, self._tail_at = self._heads.tolist(), self._tails.tolist()
-        self._records = [ring_records(rings, r) for r in range(rings)]  # by ring
+        self._find_rings(rings)
         self.mv = memoryview(self.mem)  # the segment's bytes and int32 words, read as
         self.ints = self.mv.cast("i")  # plain ints (cheaper than numpy's scalars)
         self.core = _box(self.seg, rings)
+
+    def _find_rings(self, rings: int) -> None:
+        """Ring r's HEAD and TAIL words and its records, found by arithmetic from
+        ``self.words`` (no list with an entry per sender)."""
+        end = (HEADER + rings * CTRL) // 4
+        self._heads = self.words[(HEADER + _HEAD) // 4:end:CTRL // 4]
+        self._tails = self.words[(HEADER + _TAIL) // 4:end:CTRL // 4]
+        self._head0, self._tail0 = (HEADER + _HEAD) // 4, (HEADER + _TAIL) // 4
+        self._stride = CTRL // 4
+        self._data = data_at(rings)
 
     def take_if(self, ring: int, header: bytes, into: memoryview) -> bool:
         """Take the oldest record of ring ``ring`` if its header bytes are ``header``,
@@ -222,7 +229,7 @@ class Inbox:
 
     def _advance(self, ring: int) -> None:
         """Remove ring ``ring``'s oldest record (after its last load)."""
-        ints, h = self.ints, self._head_at[ring]
+        ints, h = self.ints, self._head0 + ring * self._stride
         ints[h] = (ints[h] + 1) & _WRAP
 
     def close(self) -> None:
@@ -272,21 +279,20 @@ class Inbox:
 
     def waiting(self, ring: int) -> bool:
         """Whether ring ``ring`` holds a record not taken yet."""
-        ints = self.ints
-        return ints[self._tail_at[ring]] != ints[self._head_at[ring]]
+        ints, at = self.ints, ring * self._stride
+        return ints[self._tail0 + at] != ints[self._head0 + at]
 
     def nonempty(self) -> np.ndarray:
         """The indices of the rings that hold records not taken yet."""
-        w = self.words
-        return np.flatnonzero(w[self._tails] != w[self._heads])
+        return np.flatnonzero(self._tails != self._heads)
 
     def _record(self, ring: int) -> int | None:
         """Where the oldest record of ring ``ring`` starts; None if it is empty."""
-        ints = self.ints
-        head = ints[self._head_at[ring]]
-        if ints[self._tail_at[ring]] == head:
+        ints, at = self.ints, ring * self._stride
+        head = ints[self._head0 + at]
+        if ints[self._tail0 + at] == head:
             return None
-        return self._records[ring] + (head % RING_SLOTS) * RECORD
+        return self._data + ring * RING + (head % RING_SLOTS) * RECORD
 
     def peek(self, ring: int) -> bytes | None:
         """The header bytes of the oldest record of ring ``ring``; None if it is empty."""

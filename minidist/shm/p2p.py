@@ -46,6 +46,7 @@ from ..group import Group
 from ..plan import P2P, P2P_TAG_LIMIT
 from .fast_slots import IDLE_SLICE, SLICE, Patience
 from .inbox import MESSAGE_BYTES, Inbox, Outbox, Stash
+from .ring_index import RingIndex, node_ranks
 from .routes import Routes
 from .takes import Takes
 
@@ -103,9 +104,8 @@ class FastP2P:
         self.engine = session.engine
         self.mailbox = session.mailbox
         self.rank = session.rank
-        nodes = session.plan.nodes
-        self.local = [r for r in range(len(nodes)) if nodes[r] == nodes[self.rank]]
-        self.ring_of = {r: i for i, r in enumerate(self.local)}
+        self.local = node_ranks(session.plan.nodes, self.rank)
+        self.ring_of = RingIndex(self.local)
         self.inbox: Inbox | None = None
         self._no_inbox = False
         self._outboxes: dict[int, Outbox] = {}

@@ -177,10 +177,9 @@ def test_inbox_records_are_the_same_bytes_on_either_core(rings, steps):
         reader = object.__new__(inbox.Inbox)  # the reading side, without making a segment
         reader.mv = memoryview(np.frombuffer(seg, np.uint8))
         reader.core = box if compiled_take else None
-        reader._records = [inbox.ring_records(rings, r) for r in range(rings)]
         reader.ints = reader.mv.cast("i")
-        at = np.arange(rings) * inbox.CTRL + inbox.HEADER
-        reader._head_at, reader._tail_at = (at // 4).tolist(), ((at + 32) // 4).tolist()
+        reader.words = np.frombuffer(seg, np.int32)
+        reader._find_rings(rings)
         answers = []
         for i, (ring, size, take, right) in enumerate(steps):
             ring %= rings
