@@ -119,7 +119,9 @@ class RendezvousClient:
                                      pid=os.getpid(), reads=read_key))
         try:
             async with asyncio.timeout(timeout):
-                return await self._welcome
+                welcome = await self._welcome
+            self._welcome = None  # (as big as the world: the caller keeps what it needs)
+            return welcome
         except TimeoutError:
             missing: list[int] = []
             with contextlib.suppress(Exception):
@@ -194,6 +196,7 @@ class RendezvousClient:
                 msg = await self._reader.read()
                 if not self._closing:  # after our goodbye, news is no longer ours
                     self._dispatch(msg)
+                del msg  # (a welcome is as big as the world: not held until the next)
         except asyncio.CancelledError:
             raise
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
