@@ -30,7 +30,7 @@ import types
 
 from . import fdlimits, restarts, segments, tracing
 from .env import default_timeout, trace_dir
-from .launch import ranks, shm_usage
+from .launch import prefork, ranks, shm_usage
 from .launch.failures import Failures
 from .launch.options import RunOptions
 from .launch.output import OutputRelay
@@ -106,6 +106,7 @@ class Launcher:
             self._code = ranks.script_code(o)
             ranks.preload(ranks.heavy_imports(self._code),
                           self._rank_env(0)["OMP_NUM_THREADS"])
+            prefork.fill_holes()  # the ranks' own allocations go to pages of their own
             gc.freeze()  # the children's collections leave the shared pages alone
         sys.stdout.flush()
         sys.stderr.flush()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import glob
 import mmap
 import os
 import sys
@@ -182,10 +181,20 @@ def warn_no_room(job: str, err: NoRoom, what: str) -> bool:
         f"(and no warning)"))
 
 
+def named(prefix: str) -> list[str]:
+    """The paths of the names in /dev/shm that begin with ``prefix`` (a plain prefix, not
+    a pattern: no regular expression is compiled in a rank for it)."""
+    try:
+        with os.scandir(SHM_DIR) as entries:
+            return [e.path for e in entries if e.name.startswith(prefix)]
+    except OSError:
+        return []
+
+
 def sweep(job: str) -> list[str]:
     """Remove every segment name of a job left in /dev/shm; return what was removed."""
     removed = []
-    for path in glob.glob(os.path.join(SHM_DIR, f"minidist-{job}-*")):
+    for path in named(f"minidist-{job}-"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
             if not path.endswith(WARNED):  # the marker of warn_once: no segment
@@ -202,9 +211,8 @@ def sweep_orphans(job: str | None = None, older_than: float = 0.0) -> list[str]:
     spares the recent ones). Names of other users' segments that cannot be removed are
     left alone."""
     removed = []
-    pattern = f"minidist-{job}-*" if job else "minidist-*"
     now = time.time()
-    for path in glob.glob(os.path.join(SHM_DIR, pattern)):
+    for path in named(f"minidist-{job}-" if job else "minidist-"):
         try:
             pid = int(path.rsplit("-", 1)[1])
         except ValueError:

@@ -5,11 +5,11 @@ mapped after their names were removed, each counted once by its inode."""
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .. import segments
 from ..segments import SHM_DIR
 
 
@@ -31,7 +31,7 @@ def job_shm(job: str, pids: Iterable[int]) -> ShmUse:
     ``minidist-<job>-*``, and those segments mapped by the processes ``pids`` whose names
     are gone (read through ``/proc/<pid>/map_files``)."""
     use, seen = ShmUse(), set()
-    for path in glob.glob(os.path.join(SHM_DIR, f"minidist-{job}-*")):
+    for path in segments.named(f"minidist-{job}-"):
         with contextlib.suppress(OSError):
             st = os.stat(path)
             if st.st_ino not in seen:

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import glob
 import mmap
 import os
 import stat
@@ -122,8 +121,7 @@ def stash_name(job: str, rank: int, pid: int) -> str:
 def _named(job: str, rank: int, name=inbox_name) -> list[tuple[str, int]]:
     """(path, creator's pid) of every inbox (or stash) name of ``rank`` in the job."""
     out = []
-    pattern = os.path.join(segments.SHM_DIR, name(job, rank, 0)[:-1] + "*")
-    for path in glob.glob(pattern):
+    for path in segments.named(name(job, rank, 0)[:-1]):
         with contextlib.suppress(ValueError):
             out.append((path, int(path.rsplit("-", 1)[1])))
     return out

@@ -51,3 +51,15 @@ def test_the_jobs_own_sweep_takes_every_dead_name(dead_pid):
     finally:
         segments.unlink(name)
         segments.unlink(alive)
+
+
+def test_named_lists_the_names_that_begin_with_a_prefix_taken_literally(tmp_path, monkeypatch):
+    for name in ("minidist-a[1]-x-1", "minidist-a1-x-2", "minidist-a[1]-y-3", "other"):
+        (tmp_path / name).write_bytes(b"")
+    monkeypatch.setattr(segments, "SHM_DIR", str(tmp_path))
+    assert sorted(os.path.basename(p) for p in segments.named("minidist-a[1]-")) == [
+        "minidist-a[1]-x-1", "minidist-a[1]-y-3"]
+    assert all(p.startswith(str(tmp_path) + os.sep) for p in segments.named("minidist-"))
+    assert segments.named("minidist-zz") == []
+    monkeypatch.setattr(segments, "SHM_DIR", str(tmp_path / "missing"))
+    assert segments.named("minidist-") == []
