@@ -85,6 +85,13 @@ def collective_algorithms(collective: str) -> dict[str, Algorithm]:
     return algos
 
 
+def resolve_builtins() -> None:
+    """Import every module the catalog names and resolve every collective's built-in
+    algorithms now (a launcher does it once, before it forks the ranks that share it)."""
+    for collective in CATALOG:
+        collective_algorithms(collective)
+
+
 def algorithm_function(collective: str, algorithm: str) -> Algorithm:
     algos = collective_algorithms(collective)
     try:

@@ -142,8 +142,10 @@ def preload(heavy: Iterable[str] = (), threads: str | None = None) -> None:
     import numpy  # noqa: F401
 
     from .. import api, calibrate  # noqa: F401
+    from ..algorithms import registry
 
     calibrate.load()  # read once here, not by every rank
+    registry.resolve_builtins()  # the algorithms' modules, imported once for all ranks
 
     with contextlib.suppress(ImportError):
         import uvloop  # noqa: F401
