@@ -111,20 +111,22 @@ class Launcher:
         sys.stdout.flush()
         sys.stderr.flush()
         stdout = self.output.ranks_stdout()
-        for local in range(o.nproc):
-            rank = o.node_rank * o.nproc + local
-            env = self._rank_env(local)
-            try:
-                if o.start_method == "fork":
-                    child = ranks.fork_child(o, rank, env, self.children, self._listeners,
-                                             stdout, self.output.private(), self._code)
-                else:
-                    child = ranks.spawn_child(o, rank, env, stdout)
-            except OSError as e:  # the ranks already started die with this process
-                raise fdlimits.exhausted(e, f"starting rank {rank} of {self.world_size} "
-                                         f"(its output pipes)") or e from None
-            self.children.append(child)
-            self.output.started(child)
+        envs = [(o.node_rank * o.nproc + local, self._rank_env(local))
+                for local in range(o.nproc)]
+        try:
+            if o.start_method == "fork":
+                ranks.fork_children(o, envs, self.children, self._listeners, stdout,
+                                    self.output.private(), self._code)
+            else:
+                for rank, env in envs:
+                    self.children.append(ranks.spawn_child(o, rank, env, stdout))
+        except OSError as e:  # the ranks already started die with this process
+            rank = envs[len(self.children)][0] if len(self.children) < len(envs) else -1
+            raise fdlimits.exhausted(e, f"starting rank {rank} of {self.world_size} "
+                                     f"(its output pipes)") or e from None
+        finally:
+            for child in self.children:
+                self.output.started(child)
 
     def secret_warning(self) -> str | None:
         """The warning the first node's launcher prints once when the job's secret is

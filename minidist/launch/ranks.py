@@ -18,6 +18,7 @@ import sys
 import types
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NoReturn
 
 from .options import RunOptions
 
@@ -80,28 +81,51 @@ def spawn_child(opts: RunOptions, rank: int, env: dict[str, str], stdout: int) -
     return Child(rank, p.pid, p.stderr.fileno(), p)
 
 
-def fork_child(opts: RunOptions, rank: int, env: dict[str, str],
-               started: Iterable[Child], listeners: Iterable[socket.socket],
-               stdout: int, private: Iterable[int] = (),
-               code: types.CodeType | None = None) -> Child:
-    """Fork rank ``rank`` from the launcher before it runs an event loop or a thread;
-    the child closes the pipes of the ranks ``started`` before it, the node's
-    ``listeners`` and the launcher's ``private`` descriptors, makes ``stdout`` (the
-    output relay's socket) its stdout, runs the target (:func:`run_target`; ``code``:
-    the script, compiled by :func:`script_code`) and exits with its code."""
-    err_r, err_w = os.pipe()
+def fork_children(opts: RunOptions, envs: list[tuple[int, dict[str, str]]],
+                  started: list[Child], listeners: Iterable[socket.socket],
+                  stdout: int, private: Iterable[int] = (),
+                  code: types.CodeType | None = None) -> None:
+    """Fork one rank for each ``(rank, environment)`` of ``envs`` from the launcher,
+    before it runs an event loop or a thread, and add them to ``started`` (also those
+    forked before an OSError). Each child closes the pipes of the ranks forked before
+    it, the node's ``listeners`` and the launcher's ``private`` descriptors, makes
+    ``stdout`` (the output relay's socket) its stdout, runs the target
+    (:func:`run_target`; ``code``: the script, compiled by :func:`script_code`) and
+    exits with its code.
+
+    Between two forks the launcher does as little as it can: every page it writes
+    there stays a private copy in the rank forked before (about 0.5 MiB a rank when
+    the loop built each rank's environment and bookkeeping between the forks)."""
     launcher = os.getpid()
-    pid = os.fork()
-    if pid:
-        os.close(err_w)
-        return Child(rank, pid, err_r)
-    # the child: never returns
+    _libc_prctl()
+    err_fds: list[int] = []
+    pids: list[int] = []
+    try:
+        for _, env in envs:
+            err_r, err_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                _become_rank(opts, env, launcher, err_fds, err_r, err_w, listeners,
+                             stdout, private, code)
+            os.close(err_w)
+            err_fds.append(err_r)
+            pids.append(pid)
+    finally:
+        started.extend(Child(rank, pid, fd)
+                       for (rank, _), pid, fd in zip(envs, pids, err_fds))
+
+
+def _become_rank(opts: RunOptions, env: dict[str, str], launcher: int,
+                 others: list[int], err_r: int, err_w: int,
+                 listeners: Iterable[socket.socket], stdout: int, private: Iterable[int],
+                 code: types.CodeType | None) -> NoReturn:
+    """In a child just forked by :func:`fork_children`: become the rank; never returns."""
     status = 1
     try:
         os.setsid()
         die_with(launcher)
-        for c in started:
-            os.close(c.err_fd)
+        for fd in others:
+            os.close(fd)
         for s in listeners:
             s.close()
         for fd in private:
@@ -119,14 +143,28 @@ def fork_child(opts: RunOptions, rank: int, env: dict[str, str],
         os._exit(status)
 
 
+_prctl: list = []  # libc's prctl, looked up once in the launcher (see die_with)
+
+
+def _libc_prctl():
+    """libc's ``prctl`` (None where there is none), looked up once per process. The
+    launcher does it before it forks: a ctypes library's first lookup in every rank
+    would copy about 2 MiB of the launcher's pages into it."""
+    if not _prctl:
+        try:
+            _prctl.append(ctypes.CDLL(None, use_errno=True).prctl)
+        except (OSError, AttributeError):
+            _prctl.append(None)
+    return _prctl[0]
+
+
 def die_with(parent: int) -> None:
     """In a new rank: be killed when the launcher ``parent`` dies (Linux's
     PR_SET_PDEATHSIG), so that a killed launcher leaves no rank behind."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+    prctl = _libc_prctl()
+    if prctl is None:
         return  # not Linux: ranks notice the lost rendezvous instead
+    prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # it died before the line above
         os._exit(1)
 
