@@ -35,12 +35,15 @@ _loaded: dict[tuple[str, int], Costs] = {}  # (file, mtime) -> what it holds
 
 def load() -> Costs:
     """The saved calibration, or the defaults if there is none (or it is unreadable)."""
-    where = path()
+    # (plain strings and os calls: a rank that finds it loaded before the fork runs no
+    # pathlib code of its own)
+    where = calibration_file(os.environ, os.path.expanduser("~"))
     try:
-        key = (str(where), where.stat().st_mtime_ns)
+        key = (where, os.stat(where).st_mtime_ns)
         costs = _loaded.get(key)
         if costs is None:
-            data = json.loads(where.read_text())
+            with open(where, encoding="utf-8") as f:
+                data = json.loads(f.read())
             costs = Costs(**{k: data[k] for k in Costs.__dataclass_fields__ if k in data})
             _loaded.clear()
             _loaded[key] = costs

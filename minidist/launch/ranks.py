@@ -10,6 +10,7 @@ import ctypes
 import dis
 import importlib
 import io
+import logging
 import os
 import signal
 import socket
@@ -183,6 +184,7 @@ def preload(heavy: Iterable[str] = (), threads: str | None = None) -> None:
     from ..algorithms import registry
 
     calibrate.load()  # read once here, not by every rank
+    logging.getLogger("minidist")  # the package's logger made once, above its modules'
     registry.resolve_builtins()  # the algorithms' modules, imported once for all ranks
 
     with contextlib.suppress(ImportError):
