@@ -54,6 +54,8 @@ FOREIGN_PRIVATE_API: tuple[str, ...] = (
     "minidist/ray/_bootstrap.py:kv._internal_kv_del",
     "minidist/ray/_bootstrap.py:kv._internal_kv_get",
     "minidist/ray/_bootstrap.py:kv._internal_kv_put",
+    # CPython's only report of its small-object pools' free blocks (prefork fills them)
+    "minidist/launch/prefork.py:getattr(sys, '_debugmallocstats', None)",
     # a rank forked from a running loop must not inherit it (Python 3.12 does this
     # itself after a fork; 3.11 does not)
     "minidist/restarts.py:asyncio.events._set_running_loop",
