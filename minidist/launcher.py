@@ -115,8 +115,9 @@ class Launcher:
                 for local in range(o.nproc)]
         try:
             if o.start_method == "fork":
-                ranks.fork_children(o, envs, self.children, self._listeners, stdout,
-                                    self.output.private(), self._code)
+                with ranks.shared_environment(envs) as own:
+                    ranks.fork_children(o, own, self.children, self._listeners, stdout,
+                                        self.output.private(), self._code)
             else:
                 for rank, env in envs:
                     self.children.append(ranks.spawn_child(o, rank, env, stdout))
