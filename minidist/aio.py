@@ -132,6 +132,11 @@ async def {name}({params}) -> {returns}:
     d = _d()
     return await {plan}
 ''',
+    calls.STEPS: '''
+async def {name}({params}) -> {returns}:
+    d = _d()
+    return await d.steps_on_loop({plan})
+''',
     calls.QUERY: '''
 def {name}({params}) -> {returns}:
     d = _d()

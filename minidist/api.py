@@ -138,6 +138,11 @@ def {name}({params}) -> {returns}:
     d = door()
     return d.block({plan})
 ''',
+    calls.STEPS: '''
+def {name}({params}) -> {returns}:
+    d = door()
+    return d.steps({plan})
+''',
     calls.QUERY: '''
 def {name}({params}) -> {returns}:
     d = door()

@@ -37,6 +37,8 @@ MANY = "many"  # recv_many: the senders, or with async_op a handle that gives th
 RECV_OBJECT = "recv_object"  # the unpickled object (and with return_source its sender)
 START_RECV_OBJECT = "start_recv_object"  # a handle that gives the unpickled object
 LOOP = "loop"  # an awaitable of the door's loop (the door's own call of several steps)
+STEPS = "steps"  # several array calls (a generator of them), each run as the front end
+# runs one: the blocking API's on the caller's thread
 QUERY = "query"  # a plain function in both front ends: the expression's value
 BY_HAND = "by_hand"  # written in each front end's module; checked against the definition
 
@@ -311,18 +313,18 @@ CALLS: dict[str, Call] = {c.name: c for c in (
          "Like :func:`iprobe`, but wait (up to the timeout) until such a message arrives.",
          "d.probe(src, tag, group, wait=True)"),
     # ------------------------------------------------------------------ objects
-    Call("broadcast_object", "obj: Any, src: int = 0, group: GroupArg = None", LOOP, "Any",
+    Call("broadcast_object", "obj: Any, src: int = 0, group: GroupArg = None", STEPS, "Any",
          "``obj`` of global rank ``src``, on every rank of the group (pickled).",
          "objects.broadcast_object(d, obj, src, group)"),
-    Call("all_gather_object", "obj: Any, group: GroupArg = None", LOOP, "list[Any]",
+    Call("all_gather_object", "obj: Any, group: GroupArg = None", STEPS, "list[Any]",
          "Every rank's ``obj``, in group-rank order, on every rank (pickled).",
          "objects.all_gather_object(d, obj, group)"),
-    Call("gather_object", "obj: Any, dst: int = 0, group: GroupArg = None", LOOP,
+    Call("gather_object", "obj: Any, dst: int = 0, group: GroupArg = None", STEPS,
          "list[Any] | None",
          "Every rank's ``obj`` in group-rank order on global rank ``dst``; None elsewhere.",
          "objects.gather_object(d, obj, dst, group)"),
     Call("scatter_object", "objs: list[Any] | None, src: int = 0, group: GroupArg = None",
-         LOOP, "Any",
+         STEPS, "Any",
          "Object ``i`` of ``objs`` (given on global rank ``src``) on group rank ``i``.",
          "objects.scatter_object(d, objs, src, group)"),
     # ------------------------------------------------------------------ failures

@@ -22,7 +22,7 @@ own running loop and awaits :meth:`Door.run`.
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Generator, Sequence
 from typing import Any
 
 from . import forkguard, wire
@@ -304,6 +304,31 @@ class Door:
         (up to the group's timeout), else None when none has arrived."""
         g, tag = self.plan.check_probe(src, tag, group)
         return self._session.probe(g, src, tag, self._session.timeout_of(g) if wait else None)
+
+    def steps(self, steps: Generator[Planned, None, Any]) -> Any:
+        """Run a call made of array calls (``steps`` yields them and returns the call's
+        result) on the caller's thread, each as :meth:`wait` runs one."""
+        try:
+            item = next(steps)
+            while True:
+                self.wait(item)
+                item = steps.send(None)
+        except StopIteration as done:
+            return done.value
+        finally:
+            steps.close()
+
+    async def steps_on_loop(self, steps: Generator[Planned, None, Any]) -> Any:
+        """:meth:`steps` from code on the loop: each array call through :meth:`on_loop`."""
+        try:
+            item = next(steps)
+            while True:
+                await self.on_loop(item)
+                item = steps.send(None)
+        except StopIteration as done:
+            return done.value
+        finally:
+            steps.close()
 
     async def on_loop(self, item: Planned) -> Any:
         """Run ``item`` from code already on the loop (a call made of calls, such as an

@@ -1,15 +1,20 @@
 """Object collectives (pickled, like mpi4py's lower-case methods), written once for the
-blocking and the asyncio API: each runs on the session's loop as a few array calls
-through the door."""
+blocking and the asyncio API: each is a generator of the few array calls it makes
+(yielded to the front end, which runs each as it runs its own: the blocking API on the
+caller's thread, :meth:`minidist.door.Door.steps`; the asyncio API on the loop,
+:meth:`~minidist.door.Door.steps_on_loop`) that returns the call's result."""
 
 from __future__ import annotations
 
 import pickle
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
 
-from .door import Door
+from .door import Door, Planned
+
+Steps = Generator[Planned, None, Any]  # array calls to run in turn; returns the result
 
 
 def dumps(obj: Any) -> bytes:
@@ -24,22 +29,23 @@ def _pickle(obj: Any) -> np.ndarray:
     return np.frombuffer(dumps(obj), np.uint8)
 
 
-async def broadcast_object(d: Door, obj: Any, src: int, group: object) -> Any:
+def broadcast_object(d: Door, obj: Any, src: int, group: object) -> Steps:
     """``obj`` of global rank ``src``, on every rank of the group."""
     mine = d.rank == src
     data = _pickle(obj) if mine else None
     size = np.array([0 if data is None else data.size], np.int64)
-    await d.on_loop(d.plan.prepare_broadcast(size, src, group, None))
+    yield d.plan.prepare_broadcast(size, src, group, None)
     buf = data.copy() if data is not None else np.empty(int(size[0]), np.uint8)
-    await d.on_loop(d.plan.prepare_broadcast(buf, src, group, None))
+    yield d.plan.prepare_broadcast(buf, src, group, None)
     return obj if mine else loads(buf.tobytes())
 
 
-async def _padded(d: Door, obj: Any, group: object) -> tuple[np.ndarray, np.ndarray, int]:
+def _padded(d: Door, obj: Any, group: object) -> Generator[
+        Planned, None, tuple[np.ndarray, np.ndarray, int]]:
     """(every rank's pickled size, this rank's pickle padded to the largest, that width)."""
     data = _pickle(obj)
     sizes = np.empty(d.size_of(group), np.int64)
-    await d.on_loop(d.plan.prepare_all_gather(sizes, np.array([data.size], np.int64), group,
+    yield (d.plan.prepare_all_gather(sizes, np.array([data.size], np.int64), group,
                                               None))
     width = int(sizes.max())
     padded = np.zeros(width, np.uint8)
@@ -51,24 +57,24 @@ def _unpickle_all(out: np.ndarray, sizes: np.ndarray, width: int) -> list[Any]:
     return [loads(out[i * width:i * width + int(n)].tobytes()) for i, n in enumerate(sizes)]
 
 
-async def all_gather_object(d: Door, obj: Any, group: object) -> list[Any]:
+def all_gather_object(d: Door, obj: Any, group: object) -> Steps:
     """Every rank's ``obj``, in group-rank order, on every rank."""
-    sizes, padded, width = await _padded(d, obj, group)
+    sizes, padded, width = yield from _padded(d, obj, group)
     out = np.empty(width * sizes.size, np.uint8)
-    await d.on_loop(d.plan.prepare_all_gather(out, padded, group, None))
+    yield d.plan.prepare_all_gather(out, padded, group, None)
     return _unpickle_all(out, sizes, width)
 
 
-async def gather_object(d: Door, obj: Any, dst: int, group: object) -> list[Any] | None:
+def gather_object(d: Door, obj: Any, dst: int, group: object) -> Steps:
     """Every rank's ``obj`` in group-rank order on global rank ``dst``; None elsewhere."""
-    sizes, padded, width = await _padded(d, obj, group)
+    sizes, padded, width = yield from _padded(d, obj, group)
     mine = d.rank == dst
     out = np.empty(width * sizes.size, np.uint8) if mine else None
-    await d.on_loop(d.plan.prepare_gather(padded, out, dst, group, None))
+    yield d.plan.prepare_gather(padded, out, dst, group, None)
     return _unpickle_all(out, sizes, width) if mine else None
 
 
-async def scatter_object(d: Door, objs: list[Any] | None, src: int, group: object) -> Any:
+def scatter_object(d: Door, objs: list[Any] | None, src: int, group: object) -> Steps:
     """Object ``i`` of ``objs`` (given on global rank ``src``) on group rank ``i``."""
     n = d.size_of(group)
     mine = d.rank == src
@@ -79,7 +85,7 @@ async def scatter_object(d: Door, objs: list[Any] | None, src: int, group: objec
         sizes = np.array([x.size for x in datas], np.int64)
     else:
         sizes = np.empty(n, np.int64)
-    await d.on_loop(d.plan.prepare_broadcast(sizes, src, group, None))
+    yield d.plan.prepare_broadcast(sizes, src, group, None)
     width = int(sizes.max())
     padded = None
     if mine:
@@ -87,5 +93,5 @@ async def scatter_object(d: Door, objs: list[Any] | None, src: int, group: objec
         for i, x in enumerate(datas):
             padded[i * width:i * width + x.size] = x
     out = np.empty(width, np.uint8)
-    await d.on_loop(d.plan.prepare_scatter(out, padded, src, group, None))
+    yield d.plan.prepare_scatter(out, padded, src, group, None)
     return loads(out[:int(sizes[d.rank_in(group)])].tobytes())

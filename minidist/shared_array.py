@@ -123,7 +123,7 @@ async def setup(d: Door, name: str, shape: Any, dtype: Any, src: int, group: Any
     has it mapped."""
     g, shape, dt = _check_args(d, name, shape, dtype, src, group, buffers)
     sig = _signature(name, shape, dt, src, buffers)
-    everyone = await objects.all_gather_object(d, (sig, d.node_rank), g)
+    everyone = await d.steps_on_loop(objects.all_gather_object(d, (sig, d.node_rank), g))
     for r, (theirs, _node) in zip(g.ranks, everyone):
         if theirs != everyone[0][0]:
             raise CollectiveMismatchError(
@@ -141,7 +141,7 @@ async def setup(d: Door, name: str, shape: Any, dtype: Any, src: int, group: Any
                 said = ("ok", seg_name)
             except DistError as e:
                 seg_name, said = None, ("error", f"rank {d.rank}: {e}")
-        names = await objects.all_gather_object(d, said, g)
+        names = await d.steps_on_loop(objects.all_gather_object(d, said, g))
         failed = [m for m in names if m is not None and m[0] == "error"]
         if failed:
             raise DistError(f"{lay.what()}: {failed[0][1]}")
@@ -156,7 +156,8 @@ async def setup(d: Door, name: str, shape: Any, dtype: Any, src: int, group: Any
             mapped = versioned.NodeBuffers(fd, lay.nbytes, buffers, len(lay.local),
                                            lay.member, d.rank == lay.writer)
             fd = -1
-        problems = [p for p in await objects.all_gather_object(d, problem, g) if p]
+        problems = [p for p in await d.steps_on_loop(
+            objects.all_gather_object(d, problem, g)) if p]
         if problems:
             if mapped is not None:
                 mapped.close()

@@ -122,12 +122,15 @@ def test_every_collective_p2p_and_object_call(n):
     assert "ALL COLLECTIVES OK" in job.out
 
 
-def test_a_forked_rank_imports_nothing_while_it_runs_one_of_each_call():
+def test_a_forked_rank_imports_nothing_and_starts_no_pool_thread_in_one_of_each_call():
     with Job(3, SCRIPTS / "late_imports.py", str(ROOT / "benchmarks")) as job:
         rc = job.wait(90)
     assert rc == 0, job.out[-2000:] + job.err[-3000:]
     late = [line for line in job.out.splitlines() if "LATE IMPORTS" in line]
     assert len(late) == 3 and all(line.endswith(": []") for line in late), late
+    threads = [line for line in job.out.splitlines() if "THREADS" in line]
+    assert len(threads) == 3 and not any("minidist-fast" in line for line in threads), \
+        threads
 
 
 def test_small_blocking_sends_need_no_event_loop():

@@ -1,8 +1,10 @@
 """A rank forked by ``minidist run`` imports no module of its own while it runs one of
 each call (the launcher imported them once, before the fork, for every rank to share):
-prints the modules imported after the script started."""
+prints the modules imported after the script started, and the threads the rank runs
+(blocking object calls run on the caller's thread: no pool thread)."""
 
 import sys
+import threading
 
 sys.path.insert(0, sys.argv[1])  # benchmarks/: footprint_rank's "each" workload
 
@@ -17,5 +19,6 @@ footprint_rank.each_numpy(minidist, rank, world)
 footprint_rank.rl_numpy(minidist, rank, world)
 late = sorted(set(sys.modules) - before)
 print(f"LATE IMPORTS {rank}: {late}")
+print(f"THREADS {rank}: {sorted(t.name for t in threading.enumerate())}")
 minidist.barrier()
 minidist.destroy()
