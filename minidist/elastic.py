@@ -12,6 +12,7 @@ such ranks.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 from . import messages
@@ -84,8 +85,9 @@ class Elastic:
         """The ranks to leave out of ``g`` (checked); None: every member known gone."""
         me = self.session.rank
         if exclude is None:
-            stale = self.session.engine.stale(g)  # restarted since g was made
-            return [r for r in g.ranks if not self._alive(r) or r in stale]
+            e = self.session.engine
+            stale = e.stale(g)  # restarted since g was made
+            return g.members_among({*e.lost, *e.left, *stale})
         if isinstance(exclude, (str, bytes)) or not hasattr(exclude, "__iter__"):
             raise TypeError(f"shrink_group: ranks_to_exclude must be a list of global ranks, "
                             f"not {type(exclude).__name__}")
@@ -134,12 +136,12 @@ class Elastic:
             raise ValueError(f"shrink_group: excluding {ex} leaves nobody in {g!r}")
         answer = await self._ask("shrink", g, ex, True, "shrink_group")
         out = {*(answer.excluded or ()), *(answer.gone or ())}
-        ranks = tuple(r for r in g.ranks if r not in out)
+        ranks = tuple(itertools.filterfalse(out.__contains__, g.ranks))
         if self.session.rank not in ranks:
             raise DistError(f"shrink_group on {g!r}: rank {self.session.rank} is not in the "
                             f"shrunk group {list(ranks)}")
         epoch = int(answer.epoch or 0)
-        incs = tuple(self.incarnations[r] for r in ranks)
+        incs = tuple(map(self.incarnations.__getitem__, ranks))
         new = Group(shrunk_group_id(ranks, epoch), ranks, g.name, timeout=g.timeout,
                     epoch=epoch, incarnations=incs if any(incs) else ())
         plan = self.session.plan

@@ -54,6 +54,13 @@ class Group:
             self._index.update(zip(self.ranks, range(len(self.ranks))))
         return self._index.get(global_rank, -1)
 
+    def members_among(self, ranks: object) -> list[int]:
+        """Those of ``ranks`` (a set or dict of global ranks, usually a few: the dead)
+        that are members, in group-rank order: a look-up per rank of ``ranks``, not a
+        pass over the members."""
+        found = [(i, r) for r in ranks if (i := self.rank_of(r)) >= 0]
+        return [r for _, r in sorted(found)]
+
     def global_rank(self, group_rank: int) -> int:
         if not 0 <= group_rank < len(self.ranks):
             raise ValueError(f"group rank {group_rank} is outside 0..{len(self.ranks) - 1}")

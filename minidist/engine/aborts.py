@@ -91,7 +91,7 @@ class Aborts:
             return again(broken, f"{call.name} on {g!r} (call #{call.seq}) refused on rank "
                           f"{self.rank}: the group is unusable since a call on it failed")
         if self.lost:
-            lost = [r for r in g.ranks if r in self.lost]
+            lost = g.members_among(self.lost)
             if lost:
                 return PeerLostError(
                     f"{call.name} on {g!r}: rank(s) {lost} died earlier "

@@ -79,8 +79,8 @@ class Peers:
         """The members of ``g`` whose process, the one ``g`` was made with, died (they
         were restarted since: ``g`` can never run again)."""
         incs = g.incarnations
-        return [r for i, r in enumerate(g.ranks) if r in self.died
-                and (incs[i] if incs else 0) != self.incarnation_of.get(r, 0)]
+        return [r for r in g.members_among(self.died)
+                if (incs[g.rank_of(r)] if incs else 0) != self.incarnation_of.get(r, 0)]
 
     def _rendezvous_gone(self, reason: str) -> None:
         if self.rendezvous_lost is not None:

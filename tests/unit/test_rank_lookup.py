@@ -82,3 +82,10 @@ def test_placement_keeps_one_string_per_distinct_read_key():
     p.set([0] * 1000, keys)
     assert len({id(k) for k in p._read_keys}) == 2
     assert p._read_keys == keys
+
+
+@given(ranks=st.one_of(runs, scattered), others=st.sets(st.integers(-5, 100), max_size=10))
+def test_members_among_is_the_members_in_group_order(ranks, others):
+    g = Group(3, ranks)
+    assert g.members_among(others) == [r for r in ranks if r in others]
+    assert g.members_among(dict.fromkeys(others, "why")) == [r for r in ranks if r in others]
