@@ -378,7 +378,8 @@ def _replayed(algorithm: str, n: int, count: int, itemsize: int, c: Costs,
     if algorithm == "shared_memory":
         scheds = [shm.shared_memory(r, n, count, chunk) for r in range(n)]
     else:
-        scheds = [make_schedule("all_reduce", algorithm, r, n, count) for r in range(n)]
+        scheds = [make_schedule("all_reduce", algorithm, r, n, count, keep=False)
+                  for r in range(n)]
     result = replay(scheds, c, itemsize)
     return result.time, result.messages
 
@@ -476,8 +477,8 @@ def predict_all_to_all(algorithm: str, n: int, count: int, c: Costs = DEFAULT,
 def _schedule_ops(collective: str, algorithm: str, n: int, count: int) -> int:
     """About how many operations the schedules of one call hold: rank 0's times ``n``
     (rank 0's schedule only is built: cheap even for thousands of ranks)."""
-    s = make_schedule(collective, algorithm, 0, n, count)
-    return n * sum(len(st.comms) + len(st.compute) for st in s.steps)
+    s = make_schedule(collective, algorithm, 0, n, count, keep=False)  # (rank 0's: not
+    return n * sum(len(st.comms) + len(st.compute) for st in s.steps)  # this rank's)
 
 
 @functools.lru_cache(maxsize=1024)

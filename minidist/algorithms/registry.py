@@ -278,6 +278,7 @@ def as_function(collective: str, algorithm: str | Algorithm) -> tuple[str, Algor
 def make_schedule(
     collective: str, algorithm: str | Algorithm, rank: int, size: int, count: int,
     root: int = 0, *, nodes: tuple[int, ...] | None = None, itemsize: int = 4,
+    keep: bool = True,
 ) -> Schedule:
     """The schedule of ``rank`` (group rank) for one call of a collective.
 
@@ -290,6 +291,8 @@ def make_schedule(
 
     ``nodes`` (the node of each group rank) and ``itemsize`` matter only for the
     topology-aware all_reduce "hierarchical" and the shared-memory algorithms.
+    ``keep=False`` builds the schedule without keeping it in the cache (a schedule only
+    looked at, such as another rank's for an estimate, holds no memory afterwards).
 
     Raises ValueError for an unknown collective or algorithm, ``size < 1``, ``rank`` or
     ``root`` outside ``0..size-1``, a negative count, a non-zero barrier count, or
@@ -316,7 +319,7 @@ def make_schedule(
                                                      itemsize)
     if algorithm == "shared_memory" and collective in ("all_reduce", "broadcast"):
         return _resolve("shm.sized")(collective, rank, size, count, root, itemsize)
-    return _cached(fn, rank, size, count, root)
+    return _cached(fn, rank, size, count, root) if keep else fn(rank, size, count, root)
 
 
 @functools.lru_cache(maxsize=SCHEDULE_CACHE_SIZE)
@@ -331,9 +334,11 @@ make_schedule.cache_clear = _cached.cache_clear  # type: ignore[attr-defined]
 def schedules(collective: str, algorithm: str | Algorithm, size: int, count: int,
               root: int = 0, *, nodes: tuple[int, ...] | None = None,
               itemsize: int = 4) -> list[Schedule]:
-    """Every rank's schedule of one call: ``[make_schedule(..., r, size, ...) for r]``."""
+    """Every rank's schedule of one call: ``[make_schedule(..., r, size, ...) for r]``,
+    built for a look (a replay, a drawing), not kept in the cache: a rank that replays
+    its candidates keeps no other rank's schedules."""
     return [make_schedule(collective, algorithm, r, size, count, root, nodes=nodes,
-                          itemsize=itemsize) for r in range(size)]
+                          itemsize=itemsize, keep=False) for r in range(size)]
 
 
 def build(collective: str, algorithm: str, rank: int, size: int, count: int, root: int,

@@ -89,3 +89,21 @@ def test_members_among_is_the_members_in_group_order(ranks, others):
     g = Group(3, ranks)
     assert g.members_among(others) == [r for r in ranks if r in others]
     assert g.members_among(dict.fromkeys(others, "why")) == [r for r in ranks if r in others]
+
+
+def test_choosing_by_replay_keeps_no_other_ranks_schedules():
+    from minidist.algorithms import cost, make_schedule, schedules
+
+    make_schedule.cache_clear()
+    cost._replayed_call.cache_clear()
+    cost._replayed.cache_clear()
+    cost.choose_replayed("all_to_all", 16, 64)  # replays every rank's schedules
+    cost.choose_replayed("all_to_all", 128, 1024)  # the closed form, after a count
+    cost.estimate("ring", 8, 1 << 20)
+    assert make_schedule.cache_info().currsize == 0
+    built = schedules("all_to_all", "bruck", 4, 8)
+    assert make_schedule.cache_info().currsize == 0
+    kept = make_schedule("all_to_all", "bruck", 2, 4, 8)
+    assert make_schedule.cache_info().currsize == 1 and built[2] == kept
+    assert make_schedule("all_to_all", "bruck", 2, 4, 8, keep=False) == kept
+    assert make_schedule.cache_info().currsize == 1
