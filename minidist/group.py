@@ -5,9 +5,40 @@ from __future__ import annotations
 import hashlib
 import operator
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+
+def consecutive(ranks: Sequence[int]) -> bool:
+    """Whether ``ranks`` is a run of consecutive ranks, ascending (checked at C speed)."""
+    n = len(ranks)
+    return n == 0 or (ranks[-1] - ranks[0] == n - 1
+                      and all(map(operator.eq, ranks, range(ranks[0], ranks[0] + n))))
+
+
+class Positions:
+    """Each of the distinct ``ranks``' position among them: by arithmetic for a run of
+    consecutive ranks (the world, a node's ranks: no table with an entry per rank),
+    else from a table made when first asked."""
+
+    __slots__ = ("ranks", "_first", "_table")
+
+    def __init__(self, ranks: Sequence[int]) -> None:
+        self.ranks = ranks
+        self._first = (ranks[0] if len(ranks) else 0) if consecutive(ranks) else None
+        self._table: dict[int, int] | None = None
+
+    def of(self, rank: int) -> int:
+        """``rank``'s position, or -1 if it is not one of the ranks."""
+        lo = self._first
+        if lo is not None and isinstance(rank, (int, np.integer)):
+            i = int(rank) - lo
+            return i if 0 <= i < len(self.ranks) else -1
+        if self._table is None:
+            self._table = dict(zip(self.ranks, range(len(self.ranks))))
+        return self._table.get(rank, -1)
 
 
 @dataclass(frozen=True, eq=False)
@@ -25,20 +56,14 @@ class Group:
     name: str = ""
     #: seconds every call on this group may take (None: the job's timeout)
     timeout: float | None = field(default=None, compare=False)
-    _index: dict[int, int] = field(default_factory=dict, init=False, repr=False,
-                                   compare=False)
+    _positions: Positions = field(init=False, repr=False, compare=False)
     #: the epoch a shrink gave this group (0: not made by shrink_group)
     epoch: int = field(default=0, compare=False)
     #: how often each member had been restarted when the group was made (empty: never)
     incarnations: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        # a run of consecutive ranks (the world, a node's ranks) is looked up by
-        # arithmetic; any other group's table is made when first needed (a rank holds
-        # no per-member table for the world or for groups it only names)
-        lo = self.ranks[0] if self.ranks else 0
-        run = all(map(operator.eq, self.ranks, range(lo, lo + len(self.ranks))))
-        object.__setattr__(self, "_first", lo if run else None)
+        object.__setattr__(self, "_positions", Positions(self.ranks))
 
     @property
     def size(self) -> int:
@@ -46,13 +71,7 @@ class Group:
 
     def rank_of(self, global_rank: int) -> int:
         """The group rank of a global rank, or -1 if it is not a member."""
-        lo = self._first
-        if lo is not None and isinstance(global_rank, (int, np.integer)):
-            i = int(global_rank) - lo
-            return i if 0 <= i < len(self.ranks) else -1
-        if not self._index:
-            self._index.update(zip(self.ranks, range(len(self.ranks))))
-        return self._index.get(global_rank, -1)
+        return self._positions.of(global_rank)
 
     def members_among(self, ranks: object) -> list[int]:
         """Those of ``ranks`` (a set or dict of global ranks, usually a few: the dead)

@@ -45,8 +45,7 @@ def _padded(d: Door, obj: Any, group: object) -> Generator[
     """(every rank's pickled size, this rank's pickle padded to the largest, that width)."""
     data = _pickle(obj)
     sizes = np.empty(d.size_of(group), np.int64)
-    yield (d.plan.prepare_all_gather(sizes, np.array([data.size], np.int64), group,
-                                              None))
+    yield d.plan.prepare_all_gather(sizes, np.array([data.size], np.int64), group, None)
     width = int(sizes.max())
     padded = np.zeros(width, np.uint8)
     padded[:data.size] = data

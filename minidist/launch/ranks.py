@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import ctypes
 import dis
+import functools
 import importlib
 import io
 import logging
@@ -95,7 +96,7 @@ def fork_children(opts: RunOptions, envs: list[tuple[int, dict[str, str]]],
     exits with its code.
 
     Between two forks the launcher does as little as it can: every page it writes
-    there stays a private copy in the rank forked before (about 0.5 MiB a rank when
+    there stays a private copy in the rank forked before (about 0.1 MiB a rank when
     the loop built each rank's environment and bookkeeping between the forks)."""
     launcher = os.getpid()
     _libc_prctl()
@@ -146,19 +147,14 @@ def _become_rank(opts: RunOptions, env: dict[str, str], launcher: int,
         os._exit(status)
 
 
-_prctl: list = []  # libc's prctl, looked up once in the launcher (see die_with)
-
-
+@functools.cache
 def _libc_prctl():
-    """libc's ``prctl`` (None where there is none), looked up once per process. The
-    launcher does it before it forks: a ctypes library's first lookup in every rank
-    would copy about 2 MiB of the launcher's pages into it."""
-    if not _prctl:
-        try:
-            _prctl.append(ctypes.CDLL(None, use_errno=True).prctl)
-        except (OSError, AttributeError):
-            _prctl.append(None)
-    return _prctl[0]
+    """libc's ``prctl`` (None where there is none), looked up once per process: by the
+    launcher before it forks, so that no rank loads the library again."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
 
 
 def die_with(parent: int) -> None:

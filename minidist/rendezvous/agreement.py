@@ -13,22 +13,20 @@ the others wait is left out of the answer, as ULFM's shrink leaves it out.
 from __future__ import annotations
 
 import itertools
-import operator
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import messages
+from ..group import consecutive
 
 
 def runs(ranks: list[int] | tuple[int, ...]) -> list[list[int]]:
     """``ranks`` as [first, last + 1) runs of consecutive ranks (what a request carries:
     a group of 1024 consecutive ranks is one pair, not 1024 numbers)."""
-    n = len(ranks)
-    if n and ranks[-1] - ranks[0] == n - 1 and \
-            all(map(operator.eq, ranks, range(ranks[0], ranks[0] + n))):
-        return [[ranks[0], ranks[0] + n]]  # (one run, found without a loop in Python)
+    if ranks and consecutive(ranks):
+        return [[ranks[0], ranks[0] + len(ranks)]]  # (one run: no loop in Python)
     out: list[list[int]] = []
     for r in ranks:
         if out and out[-1][1] == r:

@@ -5,10 +5,11 @@ per peer."""
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 
 import numpy as np
+
+from ..group import Positions
 
 
 def node_ranks(nodes: Sequence[int], rank: int) -> Sequence[int]:
@@ -24,25 +25,16 @@ class RingIndex:
     ranks not yet forgotten (:meth:`pop`). Reads as a dict does: ``in``, ``[]``,
     :meth:`get`, :meth:`pop`."""
 
-    __slots__ = ("ranks", "_first", "_table", "_gone")
+    __slots__ = ("ranks", "_positions", "_gone")
 
     def __init__(self, ranks: Sequence[int]) -> None:
         self.ranks = ranks
-        self._first = ranks.start if isinstance(ranks, range) and ranks.step == 1 else None
-        self._table = None if self._first is not None else \
-            {r: i for i, r in enumerate(ranks)}
+        self._positions = Positions(ranks)
         self._gone: set[int] = set()
 
     def get(self, rank: int, default: int | None = None) -> int | None:
-        if self._table is not None:
-            return self._table.get(rank, default)
-        try:
-            i = operator.index(rank) - self._first
-        except TypeError:
-            return default
-        if not 0 <= i < len(self.ranks) or rank in self._gone:
-            return default
-        return i
+        i = self._positions.of(rank)
+        return default if i < 0 or rank in self._gone else i
 
     def __contains__(self, rank: int) -> bool:
         return self.get(rank) is not None
@@ -55,8 +47,6 @@ class RingIndex:
 
     def pop(self, rank: int, default: int | None = None) -> int | None:
         """Forget ``rank`` (it left the job); its ring, or ``default``."""
-        if self._table is not None:
-            return self._table.pop(rank, default)
         i = self.get(rank)
         if i is None:
             return default
