@@ -28,10 +28,18 @@ def outcomes(checkout: Path, out: Path, swap: bool) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent / "suite"), str(ROOT),
                                          env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "120",
+    # --tb=no: only the outcomes are read, and formatting some of the suite's failures
+    # stops a run with pytest's INTERNALERROR (an AST recursion SystemError) before its end
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=no",
+           "--timeout", "120",
            f"--junitxml={out}", *(["-p", "minidist_gym_swap"] if swap else []),
            *[s for s in SUITE if (checkout / s).exists()]]
-    subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, timeout=1800)
+    done = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    # 0 or 1: the whole suite ran (some of its tests fail with Gymnasium's class too)
+    assert done.returncode in (0, 1), (
+        f"the suite did not run to its end (pytest exit {done.returncode}):\n"
+        f"{done.stdout[-3000:]}{done.stderr[-2000:]}")
     got = {}
     for case in ET.parse(out).getroot().iter("testcase"):
         name = f"{case.get('classname')}::{case.get('name')}"
