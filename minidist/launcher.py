@@ -71,6 +71,7 @@ class Launcher:
         self._stopping = False
         self._restarts: dict[int, int] = {}  # rank -> times started again (--restart-failed)
         self._shm_peak = shm_usage.ShmUse()  # --verbose: the most /dev/shm seen held
+        self._shm_looks = 0  # --verbose: how many times it was looked at
         self._code: types.CodeType | None = None  # the script, compiled before forking
 
     @property
@@ -197,6 +198,7 @@ class Launcher:
         job = addresses.job_key(self.secret.encode())
         while True:
             use = shm_usage.job_shm(job, [c.pid for c in self.children])
+            self._shm_looks += 1
             if use.total >= self._shm_peak.total:
                 self._shm_peak = use
             await asyncio.sleep(self._shm_every())
@@ -206,11 +208,14 @@ class Launcher:
         return SHM_LOOK + 0.002 * len(self.children)
 
     def _shm_note(self) -> str:
-        p = self._shm_peak
+        """The --verbose line: the most seen held, and how many looks saw it (a job
+        shorter than a few looks may have held more than any look saw)."""
+        p, n = self._shm_peak, self._shm_looks
         return (f"/dev/shm held by this node's ranks, at most: {segments.mib(p.total)} "
                 f"({p.segments} segments: {segments.mib(p.named_bytes)} named, "
                 f"{segments.mib(p.unlinked_bytes)} mapped after their names were removed; "
-                f"looked at every {self._shm_every():.1f} s)")
+                f"looked {'once' if n == 1 else f'{n} times'}, every "
+                f"{self._shm_every():.1f} s)")
 
     def _merge_trace(self) -> None:
         """With MINIDIST_TRACE: merge the ranks' trace files into DIR/<job>.json (every

@@ -295,6 +295,8 @@ def test_verbose_says_how_much_of_dev_shm_the_ranks_held(tmp_path):
     held, count = line.split("at most: ")[1].split(" (")
     assert float(held.split()[0]) > 0, line
     assert int(count.split()[0]) >= 2, line  # rank 0's inbox and the group's area
+    looks = line.split("; looked ")[1].split(",")[0]  # "N times": the ranks ran > 1 s
+    assert looks.endswith(" times") and int(looks.split()[0]) >= 3, line
     quiet = subprocess.run([sys.executable, "-m", "minidist", "run", "-n", "2",
                             str(script)], capture_output=True, text=True, env=clean_env(),
                            timeout=90)
