@@ -108,19 +108,41 @@ def create(name: str, size: int, reserved: int | None = None) -> mmap.mmap:
 
 def create_open(name: str, size: int, reserved: int | None = None) -> tuple[mmap.mmap, int]:
     """:func:`create`, and the segment's file descriptor (the caller closes it), for
-    reserving the rest later."""
+    reserving the rest later.
+
+    The segment is made under a name of its own (:func:`making_name`) and given ``name``
+    only once its reserved part has its pages: a rank that finds segments by listing
+    /dev/shm (another rank's inbox) never maps one whose first pages are still holes,
+    which on a full /dev/shm would kill it with SIGBUS at its first read."""
+    path, making = os.path.join(SHM_DIR, name), os.path.join(SHM_DIR, making_name(name))
     with _no_descriptors(f"creating the shared-memory segment {name}"):
-        fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        fd = os.open(making, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, size)
         reserve(fd, 0, size if reserved is None else min(reserved, size),
                 f"shared-memory segment {name}")
         with _no_descriptors(f"mapping the shared-memory segment {name}"):
-            return mmap.mmap(fd, size), fd
+            seg = mmap.mmap(fd, size)
+        try:
+            os.link(making, path)  # FileExistsError if the name is taken
+        except BaseException:
+            seg.close()
+            raise
+        return seg, fd
     except BaseException:
         os.close(fd)
-        unlink(name)
         raise
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(making)
+
+
+def making_name(name: str) -> str:
+    """The name a segment has while it is made: ``name`` with a ``~`` before its last
+    ``-`` (still the job's prefix, for :func:`sweep`, and still ending in the creator's
+    pid, for :func:`sweep_orphans`; never the prefix another rank lists)."""
+    head, sep, tail = name.rpartition("-")
+    return f"{head}~{sep}{tail}" if sep else f"{name}~"
 
 
 def attach(name: str, size: int) -> mmap.mmap:

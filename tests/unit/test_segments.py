@@ -63,3 +63,56 @@ def test_named_lists_the_names_that_begin_with_a_prefix_taken_literally(tmp_path
     assert segments.named("minidist-zz") == []
     monkeypatch.setattr(segments, "SHM_DIR", str(tmp_path / "missing"))
     assert segments.named("minidist-") == []
+
+
+def test_a_segment_has_its_name_only_once_its_pages_are_reserved(monkeypatch):
+    """Another rank finds an inbox by listing /dev/shm: while its pages are reserved
+    the segment must not be there under its name (on a full /dev/shm a read of a page
+    not yet given kills the reader with SIGBUS), and a failed reservation leaves no name
+    at all."""
+    name = f"minidist-testjob{os.getpid()}-1b0c000000000001-{os.getpid()}"
+    path = os.path.join(segments.SHM_DIR, name)
+    making = os.path.join(segments.SHM_DIR, segments.making_name(name))
+    seen = []
+    real = segments.reserve
+
+    def reserve(fd, offset, length, what="shared memory"):
+        seen.append((os.path.exists(path), os.path.exists(making)))
+        return real(fd, offset, length, what)
+
+    monkeypatch.setattr(segments, "reserve", reserve)
+    try:
+        seg, fd = segments.create_open(name, 1 << 16, reserved=4096)
+        os.close(fd)
+        seg.close()
+        assert seen == [(False, True)]  # reserved under the making name only
+        assert os.path.exists(path) and not os.path.exists(making)
+        assert os.stat(path).st_blocks * 512 >= 4096  # its reserved page is there
+        with pytest.raises(FileExistsError):
+            segments.create(name, 4096)
+        assert os.path.exists(path) and not os.path.exists(making)  # the taken name kept
+    finally:
+        segments.unlink(name)
+
+    def no_room(fd, offset, length, what="shared memory"):
+        raise segments.NoRoom(what, length, 0, 64 << 20, 28)
+
+    monkeypatch.setattr(segments, "reserve", no_room)
+    with pytest.raises(segments.NoRoom):
+        segments.create(name, 1 << 16)
+    assert not os.path.exists(path) and not os.path.exists(making)
+
+
+def test_the_making_name_is_swept_with_the_job_and_with_its_dead_creator(dead_pid):
+    name = f"minidist-testjob{os.getpid()}-1b0c000000000001-{dead_pid}"
+    making = segments.making_name(name)
+    assert making.startswith(f"minidist-testjob{os.getpid()}-")  # the job's own sweep
+    assert making.rsplit("-", 1)[1] == str(dead_pid)  # sweep_orphans reads the pid
+    assert not making.startswith(name.rsplit("-", 1)[0] + "-")  # not what a rank lists
+    path = os.path.join(segments.SHM_DIR, making)
+    with open(path, "wb") as f:
+        f.write(b"x")
+    try:
+        assert making in segments.sweep_orphans(job=f"testjob{os.getpid()}")
+    finally:
+        segments.unlink(making)
