@@ -114,7 +114,8 @@ def create_open(name: str, size: int, reserved: int | None = None) -> tuple[mmap
     only once its reserved part has its pages: a rank that finds segments by listing
     /dev/shm (another rank's inbox) never maps one whose first pages are still holes,
     which on a full /dev/shm would kill it with SIGBUS at its first read."""
-    path, making = os.path.join(SHM_DIR, name), os.path.join(SHM_DIR, making_name(name))
+    temp = making_name(name)
+    making = os.path.join(SHM_DIR, temp)
     with _no_descriptors(f"creating the shared-memory segment {name}"):
         fd = os.open(making, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
@@ -124,7 +125,7 @@ def create_open(name: str, size: int, reserved: int | None = None) -> tuple[mmap
         with _no_descriptors(f"mapping the shared-memory segment {name}"):
             seg = mmap.mmap(fd, size)
         try:
-            os.link(making, path)  # FileExistsError if the name is taken
+            os.link(making, os.path.join(SHM_DIR, name))  # FileExistsError: name taken
         except BaseException:
             seg.close()
             raise
@@ -133,8 +134,7 @@ def create_open(name: str, size: int, reserved: int | None = None) -> tuple[mmap
         os.close(fd)
         raise
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(making)
+        unlink(temp)
 
 
 def making_name(name: str) -> str:
