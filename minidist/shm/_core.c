@@ -1985,7 +1985,7 @@ static int method_true(PyObject *t, PyObject *name) {
  * ts holds, in order, tensors of the kept ones' memory and layout: as many as `kept`,
  * each the kept tensor itself or one of type `plain` exactly with neither the conjugate
  * nor the negative bit, at address ptrs[i] (data_ptr()), of numels[i] elements,
- * contiguous, of dtype `dtype`, not requiring grad (minidist.torch._tensors.ListViews.same;
+ * contiguous (asked only of tensors of more than one element), of dtype `dtype`, not requiring grad (minidist.torch._tensors.ListViews.same;
  * a tensor whose methods raise TypeError or RuntimeError is not the same). */
 static PyObject *core_tensors_same(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
     (void)m;
@@ -2028,15 +2028,17 @@ static PyObject *core_tensors_same(PyObject *m, PyObject *const *args, Py_ssize_
             else
                 same = ptr == want;
         }
+        long long want_numel = 0;
         if (same == 1) {
             long long numel = method_long(t, s_numel);
-            long long want = PyLong_AsLongLong(PyTuple_GET_ITEM(numels, i));
+            want_numel = PyLong_AsLongLong(PyTuple_GET_ITEM(numels, i));
             if (PyErr_Occurred())
                 same = -1;
             else
-                same = numel == want;
+                same = numel == want_numel;
         }
-        if (same == 1)
+        if (same == 1 && want_numel > 1) /* (one element or none: contiguous whatever
+                                            its strides) */
             same = method_true(t, s_is_contiguous);
         if (same == 1) {
             PyObject *d = PyObject_GetAttr(t, s_dtype);

@@ -102,8 +102,8 @@ def as_input(t: torch.Tensor, what: str, reduce: bool = False) -> np.ndarray:
 
 
 REMEMBER_BYTES = SLOT_BYTES  # plain_view remembers the last views of tensors this small
-_NO_VIEW = (None, 0, (), None, None)
-_last = _NO_VIEW  # (tensor, data_ptr, shape, dtype, its numpy view)
+_NO_VIEW = (None, 0, (), None, None, False)
+_last = _NO_VIEW  # (tensor, data_ptr, shape, dtype, its numpy view, at most one element)
 _prev = _NO_VIEW  # the one before (an RL step alternates two: the action, the observation)
 
 
@@ -118,16 +118,16 @@ def plain_view(t: object) -> np.ndarray | None:
     tensors) while that tensor still has the same memory address, shape and dtype, is
     contiguous and does not require grad: the view is then the memory ``numpy()`` would
     give, in the same shape. Whatever changed it in place (``set_``, ``resize_``,
-    ``.data =``, ``t_()``, ``requires_grad_()``) shows in one of these."""
+    ``.data =``, ``t_()``, ``requires_grad_()``) shows in one of these. (A tensor of at
+    most one element is contiguous whatever its strides: its shape says so.)"""
     global _last, _prev
     if type(t) is not torch.Tensor:
         return None
-    for seen in (_last, _prev):
-        if seen[0] is t:
-            if (t.data_ptr() == seen[1] and t.shape == seen[2] and t.is_contiguous()
-                    and t.dtype is seen[3] and not t.requires_grad):
-                return seen[4]
-            break
+    seen = _last if _last[0] is t else _prev if _prev[0] is t else None
+    if seen is not None:
+        if (t.data_ptr() == seen[1] and t.shape == seen[2] and t.dtype is seen[3]
+                and not t.requires_grad and (seen[5] or t.is_contiguous())):
+            return seen[4]
     try:
         arr = t.numpy()
     except (TypeError, RuntimeError, NotImplementedError, ValueError):
@@ -137,7 +137,7 @@ def plain_view(t: object) -> np.ndarray | None:
     if arr.nbytes <= REMEMBER_BYTES:
         if _last[0] is not t:
             _prev = _last
-        _last = (t, t.data_ptr(), t.shape, t.dtype, arr)
+        _last = (t, t.data_ptr(), t.shape, t.dtype, arr, arr.size <= 1)
     return arr
 
 

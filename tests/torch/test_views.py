@@ -75,6 +75,39 @@ def test_a_tensor_changed_in_place_gets_a_fresh_view(change):
     _writes_through(t)
 
 
+ONE_ELEMENT_CHANGES = {  # a one-element tensor's contiguity is not asked: its shape is
+    "set_": lambda t: t.set_(torch.zeros(1, dtype=torch.float64).untyped_storage(), 0, (1,)),
+    "as_strided_ offset": lambda t: t.as_strided_((1,), (3,), 1),  # the next element
+    "shrink": lambda t: t.resize_(0),
+    "data_dtype": lambda t: setattr(t, "data", t.view(torch.int64)),
+    "unsqueeze_": lambda t: t.unsqueeze_(0),
+    "requires_grad_": lambda t: t.requires_grad_(True),
+}
+
+
+@pytest.mark.parametrize("change", sorted(ONE_ELEMENT_CHANGES))
+def test_a_one_element_tensor_changed_in_place_gets_a_fresh_view_or_none(change):
+    base = torch.zeros(4, dtype=torch.float64)
+    t = base[:1]
+    old = plain_view(t)
+    assert plain_view(t) is old
+    ONE_ELEMENT_CHANGES[change](t)
+    now = plain_view(t)
+    assert now is not old
+    if now is not None:
+        _writes_through(t)
+
+
+def test_a_one_element_tensor_with_any_stride_is_viewed_in_place():
+    base = torch.zeros(4, dtype=torch.int64)
+    t = base[:1]
+    old = plain_view(t)
+    t.as_strided_((1,), (7,))  # the same element: still contiguous, the same view
+    assert plain_view(t) is old
+    old[0] = 9
+    assert int(base[0]) == 9
+
+
 def test_a_transposed_tensor_gets_no_view():
     t = torch.zeros(2, 2)
     assert plain_view(t) is not None
@@ -201,6 +234,27 @@ LIST_CHANGES = {  # each makes one tensor of a kept list other memory or not pla
     "parameter": lambda ts: ts.__setitem__(0, torch.nn.Parameter(ts[0], requires_grad=False)),
     "negative view": lambda ts: ts.__setitem__(1, torch._neg_view(ts[1])),
 }
+ONE_ELEMENT_LIST_CHANGES = {  # lists of one-element tensors: contiguity is not asked
+    "set_": lambda ts: ts[1].set_(torch.zeros(1).untyped_storage(), 0, (1,)),
+    "as_strided_ offset": lambda ts: ts[0].as_strided_((1,), (5,), 1),
+    "shrink": lambda ts: ts[2].resize_(0),
+    "data_dtype": lambda ts: setattr(ts[0], "data", ts[0].view(torch.int32)),
+    "requires_grad_": lambda ts: ts[1].requires_grad_(True),
+}
+
+
+@pytest.mark.parametrize("change", sorted(ONE_ELEMENT_LIST_CHANGES))
+def test_a_changed_list_of_one_element_tensors_is_viewed_afresh(change):
+    like = np.zeros(1, np.float32)
+    batch = torch.zeros(3, 2)
+    ts = [row[:1] for row in batch.unbind()]
+    lv = _tensors.list_views(ts, like)
+    assert _tensors.list_views(ts, like) is lv
+    ONE_ELEMENT_LIST_CHANGES[change](ts)
+    now = _tensors.list_views(ts, like)
+    assert now is not lv
+    if now is not None:
+        _lists_write_through(now, ts)
 
 
 @pytest.mark.parametrize("change", sorted(LIST_CHANGES))
