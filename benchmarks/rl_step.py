@@ -26,7 +26,12 @@ simulator). Every system runs once per round, in turn, on the same machine; a fi
 the median over rounds of env steps per second (observations the learner took per
 second), a ratio the median of the ratios within a round (the slow spells of a shared
 machine weigh on both sides alike). Ratios are to ``pipe`` in the same mode; firstk
-systems are also compared with minidist's own lockstep (``md``) when it ran.
+systems are also compared with minidist's own lockstep (``md``) when it ran, and a
+``-torch`` system with its numpy twin (``md-torch`` with ``md``).
+
+Every process of every system has torch imported (when it is installed), as an RL job's
+processes do: this script imports it at its top, so ``minidist run`` imports it once
+before it forks the ranks, as it does for any script that imports torch at its top.
 """
 
 from __future__ import annotations
@@ -41,6 +46,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+try:  # every process of every system has torch imported, as an RL job's processes do
+    import torch  # noqa: F401  (minidist run then imports it once, before it forks)
+except ImportError:
+    pass
 LOCKSTEP = ("pipe", "queue", "gloo", "md", "md-torch", "md-p2p", "bare")
 FIRSTK = ("pipe", "queue", "md-any", "md-many", "md-many-torch")
 MARK = "RL_STEP_RESULT "
@@ -649,6 +658,10 @@ def _report(W: int, B: int, work: float, a, runs: dict) -> dict:
         if m == "firstk" and own:
             r2 = _median_ratio(xs, own)
             extra = f"  {r2:.2f}x md lockstep" if r2 else ""
+        numpy_twin = runs.get((m, s.replace("-torch", "")))
+        if "-torch" in s and numpy_twin:
+            r3 = _median_ratio(xs, numpy_twin)
+            extra += f"  {r3:.2f}x {s.replace('-torch', '')}" if r3 else ""
         print(f"  {m:8s} {s:20s} {med / 1e3 if med else float('nan'):8.1f}k steps/s  "
               f"{ratio if ratio else float('nan'):5.2f}x pipe{extra}", flush=True)
         row["runs"][f"{m}/{s}"] = xs
