@@ -1985,8 +1985,9 @@ static int method_true(PyObject *t, PyObject *name) {
  * ts holds, in order, tensors of the kept ones' memory and layout: as many as `kept`,
  * each the kept tensor itself or one of type `plain` exactly with neither the conjugate
  * nor the negative bit, at address ptrs[i] (data_ptr()), of numels[i] elements,
- * contiguous (asked only of tensors of more than one element), of dtype `dtype`, not requiring grad (minidist.torch._tensors.ListViews.same;
- * a tensor whose methods raise TypeError or RuntimeError is not the same). */
+ * contiguous (asked only of tensors of more than one element), of dtype `dtype`, not
+ * requiring grad (minidist.torch._tensors.ListViews.same; a tensor whose methods raise
+ * TypeError or RuntimeError is not the same). */
 static PyObject *core_tensors_same(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
     (void)m;
     if (nargs != 6 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2]) ||
@@ -2037,8 +2038,7 @@ static PyObject *core_tensors_same(PyObject *m, PyObject *const *args, Py_ssize_
             else
                 same = numel == want_numel;
         }
-        if (same == 1 && want_numel > 1) /* (one element or none: contiguous whatever
-                                            its strides) */
+        if (same == 1 && want_numel > 1) /* (at most one element: contiguous anyway) */
             same = method_true(t, s_is_contiguous);
         if (same == 1) {
             PyObject *d = PyObject_GetAttr(t, s_dtype);
