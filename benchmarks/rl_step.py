@@ -658,10 +658,10 @@ def _report(W: int, B: int, work: float, a, runs: dict) -> dict:
         if m == "firstk" and own:
             r2 = _median_ratio(xs, own)
             extra = f"  {r2:.2f}x md lockstep" if r2 else ""
-        numpy_twin = runs.get((m, s.replace("-torch", "")))
-        if "-torch" in s and numpy_twin:
-            r3 = _median_ratio(xs, numpy_twin)
-            extra += f"  {r3:.2f}x {s.replace('-torch', '')}" if r3 else ""
+        twin = s.replace("-torch", "")  # a torch system's numpy twin
+        if twin != s and runs.get((m, twin)):
+            r3 = _median_ratio(xs, runs[(m, twin)])
+            extra += f"  {r3:.2f}x {twin}" if r3 else ""
         print(f"  {m:8s} {s:20s} {med / 1e3 if med else float('nan'):8.1f}k steps/s  "
               f"{ratio if ratio else float('nan'):5.2f}x pipe{extra}", flush=True)
         row["runs"][f"{m}/{s}"] = xs
