@@ -301,7 +301,8 @@ def main() -> None:
              "shrink_ms_max": top("shrink_ms_max"), "agreement_ms_p50": med("agreement_ms"),
              "agreement_ms_max": top("agreement_ms"), "back_ms_p50": med("back_ms"),
              "back_ms_max": top("back_ms"), "full_restart_ms": round(fresh, 1),
-             "back_over_full_restart": round(med("back_ms") / fresh, 3)}
+             "back_over_full_restart": round(med("back_ms") / fresh, 3),
+             "per_trial": [{k: round(v, 1) for k, v in row.items()} for row in rows]}
         out["jobs"].append(r)
         print(f"W={w:4d}: error p50 {r['error_ms_p50']} max {r['error_ms_max']} ms (first "
               f"survivor p50 {r['first_error_ms_p50']}) | "

@@ -20,8 +20,6 @@ from .errors import DistError, DistTimeoutError
 from .group import Group, shrunk_group_id
 from .rendezvous.agreement import runs
 
-POLL = 0.05  # seconds between looks at the ranks' state while waiting for news
-
 
 class Elastic:
     """Shrink, agree and rejoin for one session."""
@@ -176,7 +174,7 @@ class Elastic:
                 return alive
             if self._news is None or self._news.done():
                 self._news = loop.create_future()
-            try:
-                await asyncio.wait_for(asyncio.shield(self._news), min(POLL, left))
+            try:  # only rank_back() brings a rank back, and it sets the news
+                await asyncio.wait_for(asyncio.shield(self._news), left)
             except TimeoutError:
                 pass
