@@ -13,6 +13,9 @@ node's monotonic clock):
 * ``shrink``: how long each survivor's ``shrink_group`` took (p50 and max over ranks;
   the first callers wait for the last survivor to learn of the death), and ``after the
   last error``: from the last survivor's error until every survivor had its answer;
+* ``cpu``: what each survivor's process spent of CPU (``time.process_time``: both its
+  threads, user and system) from entering the barrier to its error, and in
+  ``shrink_group`` (p50 over ranks);
 * ``back``: from the kill until the learner's first collective on a new group with the
   restarted worker (``wait_ranks``, ``new_group``, a barrier) returned.
 
@@ -71,6 +74,7 @@ def rank_main(trials: int) -> None:
         if rank == victim:
             time.sleep(60)  # the learner kills this process
         t_kill = 0.0
+        c0 = time.process_time()  # this process's CPU, both threads, user and system
         if rank == 0:
             time.sleep(0.05)  # every other rank is in the barrier by now
             t_kill = time.monotonic()
@@ -80,16 +84,16 @@ def rank_main(trials: int) -> None:
             raise SystemExit("the barrier did not fail")
         except minidist.PeerLostError:
             t_err = time.monotonic()
-        s0 = time.monotonic()
+        s0, c1 = time.monotonic(), time.process_time()
         minidist.shrink_group(group=g)
         t_done = time.monotonic()
-        shrink = t_done - s0
+        shrink, cpu = t_done - s0, (c1 - c0, time.process_time() - c1)
         if minidist.wait_ranks([victim], timeout=60) != [victim]:
             raise SystemExit(f"rank {victim} did not come back")
         g = minidist.new_group(everyone)
         minidist.barrier(group=g)
         t_in = time.monotonic()
-        got = minidist.gather_object((t_err, shrink, t_done), dst=0, group=g)
+        got = minidist.gather_object((t_err, shrink, t_done, cpu), dst=0, group=g)
         if rank == 0:
             errs = [x[0] for x in got if x is not None]
             shrinks = sorted(1000 * x[1] for x in got if x is not None)
@@ -99,7 +103,11 @@ def rank_main(trials: int) -> None:
                          "first_error_ms": 1000 * (min(errs) - t_kill),
                          "shrink_ms_p50": statistics.median(shrinks),
                          "shrink_ms_max": shrinks[-1],
-                         "back_ms": 1000 * (t_in - t_kill)})
+                         "back_ms": 1000 * (t_in - t_kill),
+                         "cpu_error_ms_p50": 1000 * statistics.median(
+                             x[3][0] for x in got if x is not None),
+                         "cpu_shrink_ms_p50": 1000 * statistics.median(
+                             x[3][1] for x in got if x is not None)})
     if rank == 0:
         print(RESULT + json.dumps(rows), flush=True)
     minidist.destroy()
@@ -300,7 +308,8 @@ def main() -> None:
              "error_ms_max": top("error_ms"), "shrink_ms_p50": med("shrink_ms_p50"),
              "shrink_ms_max": top("shrink_ms_max"), "agreement_ms_p50": med("agreement_ms"),
              "agreement_ms_max": top("agreement_ms"), "back_ms_p50": med("back_ms"),
-             "back_ms_max": top("back_ms"), "full_restart_ms": round(fresh, 1),
+             "back_ms_max": top("back_ms"), "cpu_error_ms_p50": med("cpu_error_ms_p50"),
+             "cpu_shrink_ms_p50": med("cpu_shrink_ms_p50"), "full_restart_ms": round(fresh, 1),
              "back_over_full_restart": round(med("back_ms") / fresh, 3),
              "per_trial": [{k: round(v, 1) for k, v in row.items()} for row in rows]}
         out["jobs"].append(r)
@@ -308,7 +317,9 @@ def main() -> None:
               f"survivor p50 {r['first_error_ms_p50']}) | "
               f"shrink p50 {r['shrink_ms_p50']} max {r['shrink_ms_max']} ms (after the last "
               f"error: p50 {r['agreement_ms_p50']} max {r['agreement_ms_max']}) | back p50 "
-              f"{r['back_ms_p50']} max {r['back_ms_max']} ms | full restart "
+              f"{r['back_ms_p50']} max {r['back_ms_max']} ms | a survivor's CPU p50: to "
+              f"its error {r['cpu_error_ms_p50']} ms, in shrink {r['cpu_shrink_ms_p50']} ms | "
+              f"full restart "
               f"{r['full_restart_ms']} ms (back/full {r['back_over_full_restart']})",
               flush=True)
     if a.hosts == 2:
