@@ -5,6 +5,7 @@ after the footprint benchmark's workload (``footprint_rank.py``'s ``each`` or ``
     python -m minidist run -n 128 benchmarks/rank_pages.py each 5
     python -m minidist run -n 128 benchmarks/rank_pages.py each 5 --traced
     python -m minidist run -n 128 benchmarks/rank_pages.py each 5 --functions
+    python -m minidist run -n 128 benchmarks/rank_pages.py each 5 --words
 
 Rank 5 (the second argument) prints its Private_Dirty in all and the mappings that hold
 most of it. With ``--traced`` it also counts, with tracemalloc, what Python allocated
@@ -13,7 +14,10 @@ are measured in separate runs): the rest of the private pages are the launcher's
 that the rank wrote into (copy-on-write) as it ran. With ``--functions`` it counts the
 distinct Python functions each stage ran, by module (a profile hook, in a separate run
 too): CPython 3.11 writes into a function's code object, and the reference counts of
-what it uses, whenever it runs it, so each of them copies the pages it lies on.
+what it uses, whenever it runs it, so each of them copies the pages it lies on. With
+``--words`` (root: it reads the launcher's memory; a separate run) it compares its copies
+of the launcher's pages with the launcher's, word by word, and names the objects and
+fields that changed (``copied_words.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 
 TRACED = "--traced" in sys.argv
 FUNCTIONS = "--functions" in sys.argv
+WORDS = "--words" in sys.argv
 if TRACED:
     tracemalloc.start(1)
 _ran: dict = {}  # code object -> the stage that first ran it (--functions)
@@ -115,6 +120,10 @@ def main() -> None:
         report(f"after {workload}", *after)
         if FUNCTIONS:
             report_functions()
+        if WORDS:
+            import copied_words
+
+            copied_words.report(os.getppid())
         if TRACED:
             print("what Python allocated since the fork and still holds, by line:")
             for stat in tracemalloc.take_snapshot().statistics("lineno")[:15]:
