@@ -7,7 +7,10 @@ WORKLOAD is one of
 * ``init``: ``minidist.init()`` and a barrier, nothing else;
 * ``each``: one of each collective (all_reduce, broadcast, reduce, all_gather,
   reduce_scatter, gather, scatter, all_to_all, barrier, scan), a send/recv ring, and the
-  object calls (broadcast_object, all_gather_object);
+  object calls (broadcast_object, all_gather_object), on vectors of 1024 float32 (a row
+  per rank for the calls that take one), fewer from 129 ranks on so that a row per
+  rank is at most 512 KiB (128 floats at 1024 ranks: with 1024 floats the job's own
+  arrays would need 12 GiB there, more than its ranks' memory);
 * ``rl``: the RL loop: rank 0 scatters actions to every worker and gathers their
   observations (the shared-memory rooted area), then each worker sends rows to rank 0,
   which takes them with ``recv_many`` (the inboxes), and answers each with a send.
@@ -45,20 +48,27 @@ def ring(api, x, got, rank: int, world: int) -> None:
         api.send(x, right)
 
 
+def row(world: int) -> int:
+    """Floats per rank of ``each``'s calls: 1024, fewer above 128 ranks (512 KiB a row
+    per rank at most)."""
+    return min(1024, 131072 // world)
+
+
 def each_numpy(md, rank: int, world: int) -> None:
-    x = np.full(1024, rank, np.float32)
+    k = row(world)
+    x = np.full(k, rank, np.float32)
     md.all_reduce(x)
     md.broadcast(x, src=0)
     md.reduce(x, dst=0)
-    out = np.zeros((world, 1024), np.float32)
+    out = np.zeros((world, k), np.float32)
     md.all_gather(out, x)
-    md.reduce_scatter(x, np.ones((world, 1024), np.float32))
+    md.reduce_scatter(x, np.ones((world, k), np.float32))
     md.gather(x, out if rank == 0 else None, dst=0)
     md.scatter(x, out if rank == 0 else None, src=0)
-    md.all_to_all(out, np.ones((world, 1024), np.float32))
+    md.all_to_all(out, np.ones((world, k), np.float32))
     md.scan(x)
     md.barrier()
-    ring(md, x, np.zeros(1024, np.float32), rank, world)
+    ring(md, x, np.zeros(k, np.float32), rank, world)
     md.broadcast_object({"step": 1}, src=0)
     md.all_gather_object(rank)
 
@@ -66,18 +76,19 @@ def each_numpy(md, rank: int, world: int) -> None:
 def each_torch(dist, rank: int, world: int) -> None:
     import torch
 
-    x = torch.full((1024,), float(rank))
+    k = row(world)
+    x = torch.full((k,), float(rank))
     dist.all_reduce(x)
     dist.broadcast(x, src=0)
     dist.reduce(x, dst=0)
-    dist.all_gather([torch.zeros(1024) for _ in range(world)], x)
-    dist.reduce_scatter(x, [torch.ones(1024) for _ in range(world)])
-    dist.gather(x, [torch.zeros(1024) for _ in range(world)] if rank == 0 else None, dst=0)
-    dist.scatter(x, [torch.ones(1024) for _ in range(world)] if rank == 0 else None, src=0)
-    dist.all_to_all([torch.zeros(1024) for _ in range(world)],
-                    [torch.ones(1024) for _ in range(world)])
+    dist.all_gather([torch.zeros(k) for _ in range(world)], x)
+    dist.reduce_scatter(x, [torch.ones(k) for _ in range(world)])
+    dist.gather(x, [torch.zeros(k) for _ in range(world)] if rank == 0 else None, dst=0)
+    dist.scatter(x, [torch.ones(k) for _ in range(world)] if rank == 0 else None, src=0)
+    dist.all_to_all([torch.zeros(k) for _ in range(world)],
+                    [torch.ones(k) for _ in range(world)])
     dist.barrier()
-    ring(dist, x, torch.zeros(1024), rank, world)
+    ring(dist, x, torch.zeros(k), rank, world)
     objs = [{"step": 1}]
     dist.broadcast_object_list(objs, src=0)
     gathered: list = [None] * world
