@@ -38,7 +38,9 @@ def bruck(rank: int, size: int, count: int, root: int = 0) -> Schedule:
     Round ``k`` packs the blocks at the positions with bit ``k`` set, sends them to rank
     ``rank + 2**k`` and unpacks what rank ``rank - 2**k`` sent into the same positions.
     Afterwards position ``i`` holds the block from rank ``rank - i``; the last step
-    copies each into its place in ``out``. Each round moves about half of the blocks:
+    copies each into its place in ``out``. Neighbouring positions are packed and
+    unpacked in one copy (round ``k``'s positions come in runs of ``2**k``), so the
+    rounds take about 2 n copies in all, not n log2 n. Each round moves about half of the blocks:
     ceil(log2 n)/2 · N bytes per rank instead of the pairwise exchange's N, in log2 n
     messages instead of n-1. tmp: the rotated blocks plus two packing areas.
     ``root`` is ignored.
@@ -59,13 +61,26 @@ def bruck(rank: int, size: int, count: int, root: int = 0) -> Schedule:
     steps: list[Step] = []
     for k, positions in enumerate(rounds):
         d = 1 << k
-        compute += [Copy("tmp", pack + j * c, "tmp", i * c, c) for j, i in enumerate(positions)]
+        spans = _runs(positions)  # blocks next to each other move in one copy
+        compute += [Copy("tmp", pack + j * c, "tmp", i * c, m * c) for j, i, m in spans]
         steps.append(step((), compute))
         m = len(positions) * c
         steps.append(step((Send((rank + d) % n, k, "tmp", pack, pack + m),
                            Recv((rank - d) % n, k, "tmp", unpack, unpack + m))))
-        compute = [Copy("tmp", i * c, "tmp", unpack + j * c, c) for j, i in enumerate(positions)]
+        compute = [Copy("tmp", i * c, "tmp", unpack + j * c, m * c) for j, i, m in spans]
     compute += [Copy("out", j * c, "tmp", ((rank - j) % n) * c, c) for j in range(n)]
     steps.append(step((), compute))
     return build(COLLECTIVE, "bruck", rank, n, c, 0, steps,
                  tmp_size=n * c + 2 * most * c, in_size=n * c, out_size=n * c)
+
+
+def _runs(positions: list[int]) -> list[tuple[int, int, int]]:
+    """(index in ``positions``, first position, length) of each run of consecutive
+    positions (``positions`` ascending): the blocks that one copy packs or unpacks."""
+    out: list[tuple[int, int, int]] = []
+    for j, i in enumerate(positions):
+        if out and out[-1][1] + out[-1][2] == i:
+            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + 1)
+        else:
+            out.append((j, i, 1))
+    return out

@@ -454,21 +454,22 @@ def predict_all_to_all(algorithm: str, n: int, count: int, c: Costs = DEFAULT,
     uses it only for schedules too large to replay.
 
     pairwise: ``n - 1`` messages of one block, one block copied; Bruck: ``ceil(log2 n)``
-    messages, round ``k`` with the blocks whose position has bit ``k`` set, each packed
-    and unpacked (a copy each), plus the rotation in (two copies) and the ``n`` copies
-    out. Exact (the replay's answer) when the ranks' work divides evenly among the
-    cores."""
+    messages, round ``k`` with the blocks whose position has bit ``k`` set, packed and
+    unpacked a run of neighbouring blocks at a time (a copy each), plus the rotation in
+    (two copies) and the ``n`` copies out. Exact (the replay's answer) when the ranks'
+    work divides evenly among the cores."""
     if n <= 1:
         return 0.0
     b = count * itemsize
     if algorithm == "pairwise":
         per_rank = c.call_s + (n - 1) * (c.alpha_s + b * c.beta_s) + b * c.delta + c.sigma
     elif algorithm == "bruck":
-        moved = [sum(1 for i in range(n) if i & d) for d in (1 << k for k in
-                                                             range((n - 1).bit_length()))]
+        ds = [1 << k for k in range((n - 1).bit_length())]
+        moved = [sum(1 for i in range(n) if i & d) for d in ds]
+        runs = [(n + d - 1) // (2 * d) for d in ds]  # the copies that pack a round
         per_rank = (c.call_s + len(moved) * c.alpha_s + sum(moved) * b * c.beta_s
                     + (2 * sum(moved) + 2 * n) * b * c.delta
-                    + (2 * sum(moved) + n + 2) * c.sigma)
+                    + (2 * sum(runs) + n + 2) * c.sigma)
     else:
         return math.inf
     return max(per_rank, n * per_rank / max(1, c.cores))
