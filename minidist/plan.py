@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from . import collectives, ops, wire
+from .algorithms import SCHEDULE_KEEP_OPS
 from .algorithms.schedule import Schedule
 from .errors import NotInGroupError
 from .group import NON_GROUP_MEMBER, WORLD_ID, Group, group_id
@@ -285,9 +286,10 @@ class Planner:
         if plan is None:
             plan = self.socket_planner.plan(kind, g, flat, bufs["in"], count, shape, root,
                                             algorithm)
-            if len(self._plans) > PLAN_CACHE:
-                self._plans.clear()
-            self._plans[key] = plan
+            if plan[3].operations <= SCHEDULE_KEEP_OPS:  # (else: planned anew each call)
+                if len(self._plans) > PLAN_CACHE:
+                    self._plans.clear()
+                self._plans[key] = plan
         name, index, digest, sched, code = plan
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s on %r: %s (%d elements of %s)", kind.name.lower(), g, name, count,

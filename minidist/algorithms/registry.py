@@ -6,6 +6,8 @@ build on the registry (:mod:`.compose`)."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import importlib
 import operator
@@ -60,6 +62,10 @@ IN_PLACE: frozenset[str] = frozenset(c.name for c in CATALOG.values() if c.in_pl
 
 SCHEDULE_CACHE_SIZE = 4096
 """How many schedules :func:`make_schedule` keeps (one per rank, size, count, root)."""
+SCHEDULE_KEEP_OPS = 2048
+"""Schedules of more operations than this (:attr:`Schedule.operations`: a ring or a
+pairwise exchange over more than about 700 ranks) are built again for each call instead
+of kept: a rank holds no structure that grows with the group after such a call."""
 
 
 def _as_int(name: str, value: object) -> int:
@@ -287,7 +293,8 @@ def make_schedule(
     reduce; of each rank's ``in`` for all_gather, gather and reduce_scatter's ``out``;
     of one block for scatter and all_to_all; 0 for barrier. ``root`` matters only for
     rooted collectives (:data:`ROOTED`); others record 0. Equal arguments give the same
-    (cached, immutable) Schedule object.
+    (cached, immutable) Schedule object, but for schedules of more than
+    :data:`SCHEDULE_KEEP_OPS` operations, built anew each time.
 
     ``nodes`` (the node of each group rank) and ``itemsize`` matter only for the
     topology-aware all_reduce "hierarchical" and the shared-memory algorithms.
@@ -319,16 +326,52 @@ def make_schedule(
                                                      itemsize)
     if algorithm == "shared_memory" and collective in ("all_reduce", "broadcast"):
         return _resolve("shm.sized")(collective, rank, size, count, root, itemsize)
-    return _cached(fn, rank, size, count, root) if keep else fn(rank, size, count, root)
+    return _CACHE.get(fn, rank, size, count, root) if keep else fn(rank, size, count, root)
 
 
-@functools.lru_cache(maxsize=SCHEDULE_CACHE_SIZE)
-def _cached(fn: Algorithm, rank: int, size: int, count: int, root: int) -> Schedule:
-    return fn(rank, size, count, root)
+CacheInfo = collections.namedtuple("CacheInfo", "hits misses maxsize currsize")
 
 
-make_schedule.cache_info = _cached.cache_info  # type: ignore[attr-defined]
-make_schedule.cache_clear = _cached.cache_clear  # type: ignore[attr-defined]
+class _Kept:
+    """The schedules :func:`make_schedule` keeps: the last SCHEDULE_CACHE_SIZE built, of
+    at most SCHEDULE_KEEP_OPS operations each."""
+
+    def __init__(self) -> None:
+        self._kept: collections.OrderedDict[tuple, Schedule] = collections.OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, fn: Algorithm, rank: int, size: int, count: int, root: int) -> Schedule:
+        # (each dict operation is atomic: threads that plan at once at worst build a
+        # schedule twice; the counts are only a guide)
+        key = (fn, rank, size, count, root)
+        s = self._kept.get(key)
+        if s is not None:
+            self.hits += 1
+            with contextlib.suppress(KeyError):  # (another thread dropped it just now)
+                self._kept.move_to_end(key)
+            return s
+        self.misses += 1
+        s = fn(rank, size, count, root)
+        if s.operations <= SCHEDULE_KEEP_OPS:
+            self._kept[key] = s
+            while len(self._kept) > SCHEDULE_CACHE_SIZE:
+                try:
+                    self._kept.popitem(last=False)
+                except KeyError:
+                    break
+        return s
+
+    def cache_info(self) -> CacheInfo:
+        return CacheInfo(self.hits, self.misses, SCHEDULE_CACHE_SIZE, len(self._kept))
+
+    def cache_clear(self) -> None:
+        self._kept.clear()
+        self.hits = self.misses = 0
+
+
+_CACHE = _Kept()
+make_schedule.cache_info = _CACHE.cache_info  # type: ignore[attr-defined]
+make_schedule.cache_clear = _CACHE.cache_clear  # type: ignore[attr-defined]
 
 
 def schedules(collective: str, algorithm: str | Algorithm, size: int, count: int,

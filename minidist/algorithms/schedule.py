@@ -108,6 +108,11 @@ class Schedule:
     # node), and the schedule's messages order the ranks' accesses to it.
     shared_tmp: bool = False
 
+    @property
+    def operations(self) -> int:
+        """How many messages and local operations (copies, reductions) it holds."""
+        return sum(len(st.comms) + len(st.compute) for st in self.steps)
+
 
 def apply_compute(compute: Sequence[Reduce | Copy], bufs: Mapping[str, Any],
                   combine: Callable[[Any, Any, Any], None]) -> None:
