@@ -40,9 +40,9 @@ def bruck(rank: int, size: int, count: int, root: int = 0) -> Schedule:
     Afterwards position ``i`` holds the block from rank ``rank - i``; the last step
     copies each into its place in ``out``. Neighbouring positions are packed and
     unpacked in one copy (round ``k``'s positions come in runs of ``2**k``), so the
-    rounds take about 2 n copies in all, not n log2 n. Each round moves about half of the blocks:
-    ceil(log2 n)/2 · N bytes per rank instead of the pairwise exchange's N, in log2 n
-    messages instead of n-1. tmp: the rotated blocks plus two packing areas.
+    rounds take about 2 n copies in all, not n log2 n. Each round moves about half of
+    the blocks: ceil(log2 n)/2 · N bytes per rank instead of the pairwise exchange's N,
+    in log2 n messages instead of n-1. tmp: the rotated blocks plus two packing areas.
     ``root`` is ignored.
     """
     n, c = size, count
