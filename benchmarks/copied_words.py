@@ -34,6 +34,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 _DICT_KEYS_AT = 32  # PyDictObject.ma_keys (CPython 3.11, 64-bit)
 _LIST_ITEMS_AT, _LIST_ALLOCATED_AT = 24, 32  # PyListObject.ob_item, .allocated
 _GC_HEADER = 16  # PyGC_Head, just before a tracked object
+_KEY_TABLE, _ITEM_ARRAY = "dict's key table", "list's item array"  # (not objects)
 
 
 def _maps(pid: int | str) -> list[tuple[int, int, str, str]]:
@@ -97,12 +98,12 @@ def _regions() -> list[tuple[int, int, str]]:
         if t is dict:
             keys = ctypes.c_void_p.from_address(addr + _DICT_KEYS_AT).value
             if keys:
-                out.append((keys, max(size - t.__basicsize__, 8), "dict's key table"))
+                out.append((keys, max(size - t.__basicsize__, 8), _KEY_TABLE))
         elif t is list:
             items = ctypes.c_void_p.from_address(addr + _LIST_ITEMS_AT).value
             allocated = ctypes.c_ssize_t.from_address(addr + _LIST_ALLOCATED_AT).value
             if items and allocated > 0:
-                out.append((items, 8 * allocated, "list's item array"))
+                out.append((items, 8 * allocated, _ITEM_ARRAY))
     seen.clear()
     return sorted(out)
 
@@ -156,7 +157,7 @@ def _name(addr: int, regions: list, starts: list[int], page_offset: int) -> str:
         start, size, what = regions[j]
         if addr < start + size:
             at = addr - start
-            if what in ("dict's key table", "list's item array"):
+            if what in (_KEY_TABLE, _ITEM_ARRAY):
                 return what
             field = {0: "reference count", 8: "type pointer"}.get(at, "the rest")
             return f"{what}: {field}"

@@ -95,19 +95,18 @@ def rank_main(trials: int) -> None:
         t_in = time.monotonic()
         got = minidist.gather_object((t_err, shrink, t_done, cpu), dst=0, group=g)
         if rank == 0:
-            errs = [x[0] for x in got if x is not None]
-            shrinks = sorted(1000 * x[1] for x in got if x is not None)
-            rows.append({"agreement_ms": 1000 * (max(x[2] for x in got if x is not None)
-                                                 - max(errs)),
+            survivors = [x for x in got if x is not None]  # (the restarted rank: None)
+            errs = [x[0] for x in survivors]
+            shrinks = sorted(1000 * x[1] for x in survivors)
+            rows.append({"agreement_ms": 1000 * (max(x[2] for x in survivors) - max(errs)),
                          "error_ms": 1000 * (max(errs) - t_kill),
                          "first_error_ms": 1000 * (min(errs) - t_kill),
                          "shrink_ms_p50": statistics.median(shrinks),
                          "shrink_ms_max": shrinks[-1],
                          "back_ms": 1000 * (t_in - t_kill),
-                         "cpu_error_ms_p50": 1000 * statistics.median(
-                             x[3][0] for x in got if x is not None),
+                         "cpu_error_ms_p50": 1000 * statistics.median(x[3][0] for x in survivors),
                          "cpu_shrink_ms_p50": 1000 * statistics.median(
-                             x[3][1] for x in got if x is not None)})
+                             x[3][1] for x in survivors)})
     if rank == 0:
         print(RESULT + json.dumps(rows), flush=True)
     minidist.destroy()

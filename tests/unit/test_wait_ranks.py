@@ -27,12 +27,8 @@ class CountedDict(dict):
 
 def fake_session(world: int, lost: list[int]) -> SimpleNamespace:
     engine = SimpleNamespace(lost=CountedDict({r: "killed" for r in lost}),
-                             left=CountedDict(), peer_back=lambda r, inc: None)
-
-    def peer_back(rank: int, incarnation: int) -> None:
-        engine.lost.pop(rank, None)
-
-    engine.peer_back = peer_back
+                             left=CountedDict())
+    engine.peer_back = lambda rank, incarnation: engine.lost.pop(rank, None)
     return SimpleNamespace(cfg=SimpleNamespace(world_size=world), rank=0, timeout=30.0,
                            engine=engine, plan=SimpleNamespace(incarnations=None),
                            p2p=None, endpoint=None)
